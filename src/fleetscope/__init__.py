@@ -1,0 +1,3 @@
+"""fleetscope: correct fleet statistics for vLLM inference engines."""
+
+__version__ = "0.1.0"
