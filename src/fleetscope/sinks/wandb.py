@@ -1,0 +1,199 @@
+"""Weights & Biases sink: fleet keys on their own step axis, in the trainer's run or a new one.
+
+``wandb`` is imported only when a :class:`WandbSink` is built, so fleetscope works without it.
+
+Step axes. The sink declares ``run.define_metric(step_metric)`` and
+``run.define_metric(key_prefix_glob, step_metric=step_metric)`` and logs every poll as
+``{**numeric_metrics, step_metric: step, wall_time_key: wall_time}`` without ever passing
+``step=`` to ``run.log``: charts of fleet keys use ``step_metric`` as x axis, and W&B's own
+``_step`` belongs to whoever owns the run.
+
+Rows. ``run.log`` without ``step=`` commits a new history row and advances ``_step`` (checked
+on wandb 0.31). In a run the sink created that is what we want: one row per poll. In a run the
+trainer owns, it is not: a trainer that logs with ``step=global_step`` has its next rows dropped
+by W&B ("Tried to log to step N that is less than the current step M") once the sink advanced
+``_step`` past it. So with ``run=`` the sink logs with ``commit=False`` by default: each poll is
+merged into the trainer's current row and written when the trainer next logs (or finishes).
+The trainer's rows are never moved or dropped, but when several polls land between two trainer
+log calls, only the last of them is kept. Pass ``commit=True`` to get one row per poll in a
+trainer run whose trainer never passes ``step=``; or let the sink create its own run (same
+``group``/project) to keep every poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from fleetscope.sinks._warn import RateLimitedWarner
+from fleetscope.sinks.base import Value
+
+if TYPE_CHECKING:
+    from wandb.sdk.wandb_run import Run
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://api.wandb.ai"
+
+
+def api_key_configured() -> bool:
+    """True if W&B can find an API key: ``WANDB_API_KEY``, or a netrc entry for the W&B host.
+
+    The host is that of ``WANDB_BASE_URL`` (default api.wandb.ai); the netrc file is ``$NETRC``
+    or ``~/.netrc``, as wandb itself looks them up.
+    """
+    if os.environ.get("WANDB_API_KEY", "").strip():
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL).hostname
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    if not host or not os.path.isfile(path):
+        return False
+    try:
+        auth = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(auth and auth[2])
+
+
+def resolve_mode(mode: str | None) -> str:
+    """The mode for a run the sink creates.
+
+    ``mode`` if given; else ``WANDB_MODE`` if set (``WANDB_DISABLED=true`` means "disabled");
+    else "online" when an API key is configured; else "offline" (no key: keep the run on disk,
+    ``wandb sync`` it later).
+    """
+    if mode:
+        return mode
+    env_mode = os.environ.get("WANDB_MODE", "").strip()
+    if env_mode:
+        return env_mode
+    if os.environ.get("WANDB_DISABLED", "").strip().lower() in ("1", "true", "yes"):
+        return "disabled"
+    return "online" if api_key_configured() else "offline"
+
+
+def _import_wandb() -> Any:
+    try:
+        import wandb
+    except ImportError as e:
+        raise ImportError(
+            "WandbSink needs the 'wandb' package: pip install 'fleetscope[wandb]'"
+        ) from e
+    return wandb
+
+
+class WandbSink:
+    """Logs fleet keys to a W&B run: ``run`` if given (e.g. the trainer's), else a new one.
+
+    Construction errors (wandb missing, ``wandb.init`` failing) raise. After that, tracker
+    trouble never does: a failing wandb call is logged as a warning, at most once a minute per
+    kind of call, with a count of the ones held back, and its data is dropped.
+
+    ``project``, ``entity``, ``mode``, ``dir``, ``name`` and ``config`` are for the run the sink
+    creates (see :func:`resolve_mode` for ``mode``) and are ignored when ``run`` is given.
+    String values are skipped by :meth:`log` (W&B charts need numbers) and kept by
+    :meth:`log_summary`. Non-finite floats are passed on; W&B stores them as NaN/±Infinity.
+    """
+
+    def __init__(
+        self,
+        project: str | None = None,
+        entity: str | None = None,
+        run: Run | None = None,
+        mode: str | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        step_metric: str = "inference/step",
+        key_prefix_glob: str = "inference/*",
+        *,
+        wall_time_key: str = "inference/wall_time",
+        commit: bool | None = None,
+    ) -> None:
+        wandb = _import_wandb()
+        self.step_metric = step_metric
+        self.key_prefix_glob = key_prefix_glob
+        self.wall_time_key = wall_time_key
+        self._closed = False
+        self._warner = RateLimitedWarner(logger, prefix="WandbSink: ")
+        if run is None:
+            self.mode: str | None = resolve_mode(mode)
+            # reinit="create_new": never return or finish a run the process already has open
+            # (wandb's default in scripts would hand back the trainer's run, which close()
+            # would then finish).
+            run = wandb.init(
+                project=project,
+                entity=entity,
+                mode=self.mode,
+                dir=os.fspath(dir) if dir is not None else None,
+                name=name,
+                config=dict(config) if config is not None else None,
+                reinit="create_new",
+            )
+            self.owns_run = True
+        else:
+            ignored = {
+                k: v
+                for k, v in dict(
+                    project=project, entity=entity, mode=mode, dir=dir, name=name, config=config
+                ).items()
+                if v is not None
+            }
+            if ignored:
+                logger.warning("WandbSink: run= given, ignoring %s", sorted(ignored))
+            self.mode = None
+            self.owns_run = False
+        self.run = run
+        self.commit = self.owns_run if commit is None else bool(commit)
+        try:
+            run.define_metric(step_metric)
+            run.define_metric(key_prefix_glob, step_metric=step_metric)
+        except Exception as e:
+            self._warner.warn("define_metric", f"define_metric failed: {type(e).__name__}: {e}")
+
+    def log(self, metrics: Mapping[str, Value], *, step: int, wall_time: float) -> None:
+        payload: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, str)}
+        payload[self.step_metric] = int(step)
+        payload[self.wall_time_key] = float(wall_time)
+        if self._closed:
+            self._warner.warn("closed", f"log after close(), dropped poll {step}")
+            return
+        try:
+            self.run.log(payload, commit=self.commit)
+        except Exception as e:
+            self._warner.warn(
+                "log", f"run.log failed, dropped poll {step}: {type(e).__name__}: {e}"
+            )
+
+    def log_summary(self, summary: Mapping[str, Value]) -> None:
+        if self._closed:
+            self._warner.warn("closed", "log_summary after close(), dropped")
+            return
+        try:
+            self.run.summary.update(dict(summary))
+        except Exception as e:
+            self._warner.warn(
+                "summary", f"summary update failed, dropped: {type(e).__name__}: {e}"
+            )
+
+    def close(self) -> None:
+        """Finish the run if this sink created it; leave a passed-in run alone. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.owns_run:
+            return
+        try:
+            self.run.finish()
+        except Exception as e:
+            self._warner.warn("finish", f"run.finish failed: {type(e).__name__}: {e}")
+
+    def __enter__(self) -> WandbSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
