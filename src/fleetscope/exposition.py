@@ -87,8 +87,14 @@ class Exposition(Mapping[str, EngineSnapshot]):
 # --------------------------------------------------------------------------- line syntax
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_QUOTED = r'"((?:[^"\\\n]|\\.)*)"'
+# one label (or a quoted metric name) and the separator after it
 _LABEL_RE = re.compile(
-    r'[ \t]*(?:([a-zA-Z_][a-zA-Z0-9_.]*)|"((?:[^"\\\n]|\\.)*)")[ \t]*(?:=[ \t]*"((?:[^"\\\n]|\\.)*)")?[ \t]*([,}])'
+    r"[ \t]*(?:([a-zA-Z_][a-zA-Z0-9_.]*)|"
+    + _QUOTED
+    + r")[ \t]*(?:=[ \t]*"
+    + _QUOTED
+    + r")?[ \t]*([,}])"
 )
 _ESCAPE_RE = re.compile(r"\\(.)")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}

@@ -83,9 +83,9 @@ def find_prometheus_binary() -> str:
         if os.path.isfile(explicit) and os.access(explicit, os.X_OK):
             return explicit
         raise PrometheusNotFound(f"${BINARY_ENV}={explicit!r} is not an executable file.")
-    for candidate in (shutil.which("prometheus"), "/usr/bin/prometheus"):
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
+    found = shutil.which("prometheus")
+    if found:
+        return found
     raise PrometheusNotFound(f"The `prometheus` binary was not found on PATH. {_INSTALL_HINT}")
 
 

@@ -176,9 +176,7 @@ class WandbSink:
         try:
             self.run.summary.update(dict(summary))
         except Exception as e:
-            self._warner.warn(
-                "summary", f"summary update failed, dropped: {type(e).__name__}: {e}"
-            )
+            self._warner.warn("summary", f"summary update failed, dropped: {type(e).__name__}: {e}")
 
     def close(self) -> None:
         """Finish the run if this sink created it; leave a passed-in run alone. Idempotent."""

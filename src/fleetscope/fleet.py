@@ -1,0 +1,156 @@
+"""The fleet's statistical state between polls, with no I/O: scrapes in, statistics and keys out.
+
+A source (HTTP, Ray, files) produces one :class:`ScrapeResult` per endpoint per poll; the
+:class:`FleetState` turns them into per-engine deltas (SPEC 3), reduces them per scope, and
+renders keys. The collector and ``fleetscope inspect`` share it, so the CLI shows exactly what
+the collector logs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fleetscope.exposition import Exposition
+from fleetscope.keys import KeyOptions, poll_keys
+from fleetscope.stats.deltas import Baselines, EngineDelta
+from fleetscope.stats.reduce import EngineInput, PollStats, Role, reduce_poll
+
+log = logging.getLogger("fleetscope")
+
+# how far an engine's clock may be ahead of ours when we judge that it started after a poll
+DEFAULT_CLOCK_SKEW = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    """One endpoint's outcome in one poll."""
+
+    endpoint: str
+    exposition: Exposition | None  # None when the scrape failed
+    time: float  # monotonic seconds when the response arrived (or the failure happened)
+    wall_time: float
+    latency: float = 0.0
+    error: str | None = None
+    role: Role | None = None
+    groups: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.exposition is not None
+
+
+@dataclass
+class PollResult:
+    """What one poll produced."""
+
+    step: int
+    stats: PollStats
+    keys: dict[str, float]
+    deltas: dict[str, EngineDelta]
+    scrapes: list[ScrapeResult]
+    restarts: list[str] = field(default_factory=list)
+    wall_time: float = 0.0
+
+
+class FleetState:
+    """Baselines, restart counts and poll bookkeeping for one fleet."""
+
+    def __init__(
+        self,
+        *,
+        key_options: KeyOptions | None = None,
+        clock_skew: float = DEFAULT_CLOCK_SKEW,
+        prefixes: Sequence[str] | None = None,
+    ):
+        self.baselines = Baselines()
+        self.key_options = key_options or KeyOptions()
+        self.clock_skew = clock_skew
+        self.prefixes = tuple(prefixes) if prefixes else None
+        self.step = 0
+        self.restarts: dict[str, int] = {}
+        self.scrape_failures_total: dict[str, int] = {}
+        self._prev_poll: tuple[float, float] | None = None  # (monotonic, wall) of last poll
+        self.roles: dict[str, Role | None] = {}
+
+    def observe(self, scrapes: Sequence[ScrapeResult]) -> PollResult:
+        """Fold one poll's scrapes into the state and reduce them."""
+        inputs: list[EngineInput] = []
+        deltas: dict[str, EngineDelta] = {}
+        restarts: list[str] = []
+        for sc in scrapes:
+            self.roles[sc.endpoint] = sc.role
+            if sc.exposition is None:
+                self.scrape_failures_total[sc.endpoint] = (
+                    self.scrape_failures_total.get(sc.endpoint, 0) + 1
+                )
+                continue
+            rows = [(f"{sc.endpoint}.{label}", snap, True) for label, snap in sc.exposition.items()]
+            if sc.exposition.endpoint is not None:
+                rows.append((sc.endpoint, sc.exposition.endpoint, False))
+            for engine_id, snap, is_engine in rows:
+                interval = None
+                if engine_id not in self.baselines and self._prev_poll is not None:
+                    start = snap.start_time
+                    prev_mono, prev_wall = self._prev_poll
+                    if start is not None and start > prev_wall + self.clock_skew:
+                        interval = max(snap.time - prev_mono, 0.0)
+                d = self.baselines.advance(engine_id, snap, new_engine_interval=interval)
+                if d.restarted and not d.baseline_only and interval is None:
+                    restarts.append(engine_id)
+                    self.restarts[engine_id] = self.restarts.get(engine_id, 0) + 1
+                    log.warning("fleetscope: %s restarted; counting its series from 0", engine_id)
+                deltas[engine_id] = d
+                inputs.append(EngineInput(engine_id, d, sc.role, sc.groups, is_engine))
+        kwargs = {"prefixes": self.prefixes} if self.prefixes else {}
+        stats = reduce_poll(inputs, **kwargs)
+        keys = poll_keys(stats, self.key_options)
+        keys.update(self._health_keys(scrapes, stats))
+        ok = [sc for sc in scrapes if sc.ok]
+        if ok:
+            self._prev_poll = (max(sc.time for sc in ok), max(sc.wall_time for sc in ok))
+        result = PollResult(
+            step=self.step,
+            stats=stats,
+            keys=keys,
+            deltas=deltas,
+            scrapes=list(scrapes),
+            restarts=restarts,
+            wall_time=max((sc.wall_time for sc in scrapes), default=0.0),
+        )
+        self.step += 1
+        return result
+
+    def _scope_base(self, scope: str) -> str:
+        opts = self.key_options
+        if opts.schema == "skyrl":
+            base = opts.prefix or "vllm"
+            return f"{base}/" if scope == "agg" else f"{base}/{scope}/"
+        return f"{opts.prefix or 'inference'}/{scope}/"
+
+    def _health_keys(self, scrapes: Sequence[ScrapeResult], stats: PollStats) -> dict[str, float]:
+        """engines_reporting, scrape failures and latency: the loss is visible every poll."""
+        out: dict[str, float] = {}
+        scopes: dict[str, list[ScrapeResult]] = {"agg": list(scrapes)}
+        for sc in scrapes:
+            if sc.role:
+                scopes.setdefault(sc.role, []).append(sc)
+        for scope, scs in scopes.items():
+            base = self._scope_base(scope)
+            reduced = stats.scopes.get(scope)
+            out[base + "engines_reporting"] = float(reduced.engines if reduced else 0)
+            out[base + "endpoints_reporting"] = float(sum(1 for s in scs if s.ok))
+            out[base + "endpoints_expected"] = float(len(scs))
+            out[base + "scrape_failures"] = float(sum(1 for s in scs if not s.ok))
+            lat = [s.latency for s in scs if s.ok]
+            if lat:
+                out[base + "scrape_latency_seconds/max"] = max(lat)
+                out[base + "scrape_latency_seconds/mean"] = sum(lat) / len(lat)
+        base = self._scope_base("agg")
+        out[base + "scrape_failures_total"] = float(sum(self.scrape_failures_total.values()))
+        out[base + "engine_restarts_total"] = float(sum(self.restarts.values()))
+        return out
+
+    def engine_roles(self) -> Mapping[str, Role | None]:
+        return dict(self.roles)

@@ -1,0 +1,185 @@
+"""Key schemas: reduced statistics -> flat ``{key: value}`` for trackers, with a key budget.
+
+* ``prime-rl`` (default, a drop-in for prime-rl users): per engine
+  ``inference/{engine_id}/{metric}``, per scope ``inference/{scope}/{metric}/{stat}``.
+* ``skyrl``: SkyRL's names, ``vllm/[{window}/][{role}/]{name}`` (see :data:`SKYRL_STEP_KEYS`).
+
+Trackers degrade past ~10k keys, so per-engine keys are bounded: every engine's keys while they
+fit in the budget, else only the *tail engines* (the min and max engine of each headline metric
+in each scope) with their headline metrics, by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from fleetscope.stats.reduce import PollStats
+
+Schema = Literal["prime-rl", "skyrl"]
+
+DEFAULT_KEY_BUDGET = 8000
+
+# what the tails of a large fleet are chosen by
+HEADLINE_METRICS: tuple[str, ...] = (
+    "kv_cache_usage_perc",
+    "num_requests_running",
+    "num_requests_waiting",
+    "generation_tokens_total:rate",
+    "prompt_tokens_total:rate",
+    "num_preemptions_total:rate",
+    "prefix_cache_hit_rate",
+    "time_to_first_token_seconds:mean",
+)
+
+# SkyRL step key -> (our metric, our stat)
+SKYRL_STEP_KEYS: dict[str, tuple[str, str]] = {
+    "num_requests_running": ("num_requests_running", "sum"),
+    "num_requests_waiting": ("num_requests_waiting", "sum"),
+    "kv_cache_usage_perc": ("kv_cache_usage_perc", "mean"),
+    "generation_throughput_tok_s": ("generation_tokens_total:rate", "sum"),
+    "prompt_throughput_tok_s": ("prompt_tokens_total:rate", "sum"),
+    "prefix_cache_hit_rate": ("prefix_cache_hit_rate", "pooled"),
+    "external_prefix_cache_hit_rate": ("external_prefix_cache_hit_rate", "pooled"),
+    "ttft_seconds_avg": ("time_to_first_token_seconds:mean", "pooled"),
+    "ttft_seconds_p90": ("time_to_first_token_seconds", "p90"),
+    "tpot_seconds_avg": ("request_time_per_output_token_seconds:mean", "pooled"),
+    "tpot_seconds_p90": ("request_time_per_output_token_seconds", "p90"),
+    "num_preemptions": ("num_preemptions_total", "delta"),
+    "preemptions_per_million_tokens": ("preemptions_per_million_output_tokens", "pooled"),
+    "kv_offload_load_throughput_bytes_s": ("kv_offload_load_bytes_total:rate", "sum"),
+    "kv_offload_store_throughput_bytes_s": ("kv_offload_store_bytes_total:rate", "sum"),
+    "draft_num_draft_tokens": ("spec_decode_num_draft_tokens_total", "delta"),
+    "draft_num_accepted_tokens": ("spec_decode_num_accepted_tokens_total", "delta"),
+    "draft_acceptance_rate": ("spec_decode_acceptance_rate", "pooled"),
+    "draft_mean_acceptance_length": ("spec_decode_mean_acceptance_length", "pooled"),
+    "prompt_throughput_cv": ("prompt_tokens_total:rate", "cv"),
+    "generation_throughput_cv": ("generation_tokens_total:rate", "cv"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KeyOptions:
+    schema: Schema = "prime-rl"
+    prefix: str | None = None  # default: "inference" (prime-rl) / "vllm" (skyrl)
+    key_budget: int = DEFAULT_KEY_BUDGET
+    window: str | None = None  # skyrl: "train" / "eval" inserted after the prefix
+
+
+def _finite(v: float) -> bool:
+    return not (math.isnan(v) or math.isinf(v))
+
+
+def scope_keys(stats: PollStats, prefix: str = "inference") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for scope, s in stats.scopes.items():
+        base = f"{prefix}/{scope}/"
+        for metric, per_stat in s.metrics.items():
+            for stat, v in per_stat.items():
+                if _finite(v):
+                    out[f"{base}{metric}/{stat}"] = v
+    return out
+
+
+def engine_keys(
+    stats: PollStats,
+    prefix: str = "inference",
+    engines: Iterable[str] | None = None,
+    metrics: Iterable[str] | None = None,
+) -> dict[str, float]:
+    out: dict[str, float] = {}
+    cols = stats.columns
+    col_idx = range(len(cols)) if metrics is None else [cols.index(m) for m in metrics if m in cols]
+    rows = (
+        range(len(stats.engine_ids))
+        if engines is None
+        else [stats.engine_ids.index(e) for e in engines if e in stats.engine_ids]
+    )
+    mat = stats.matrix
+    for i in rows:
+        base = f"{prefix}/{stats.engine_ids[i]}/"
+        row = mat[i]
+        for j in col_idx:
+            v = row[j]
+            if v == v and v not in (math.inf, -math.inf):
+                out[base + cols[j]] = float(v)
+    return out
+
+
+def tail_engines(stats: PollStats, metrics: Iterable[str] = HEADLINE_METRICS) -> list[str]:
+    """The engines at the min and max of each headline metric, per scope (stable order)."""
+    chosen: dict[str, None] = {}
+    cols = stats.columns
+    is_engine = stats.is_engine
+    for m in metrics:
+        if m not in cols:
+            continue
+        col = stats.matrix[:, cols.index(m)]
+        valid = ~np.isnan(col) & is_engine
+        if not valid.any():
+            continue
+        idx = np.flatnonzero(valid)
+        vals = col[idx]
+        chosen[stats.engine_ids[idx[int(np.argmin(vals))]]] = None
+        chosen[stats.engine_ids[idx[int(np.argmax(vals))]]] = None
+    return list(chosen)
+
+
+def prime_rl_keys(stats: PollStats, prefix: str = "inference", budget: int = DEFAULT_KEY_BUDGET):
+    out = scope_keys(stats, prefix)
+    n_cols = sum(1 for c in stats.columns)
+    if len(out) + n_cols * len(stats.engine_ids) <= budget:
+        out.update(engine_keys(stats, prefix))
+        return out
+    tails = tail_engines(stats)
+    room = max(0, budget - len(out))
+    per_engine = [m for m in HEADLINE_METRICS if m in stats.columns]
+    if per_engine:
+        tails = tails[: max(0, room // len(per_engine))]
+    out.update(engine_keys(stats, prefix, engines=tails, metrics=per_engine))
+    return out
+
+
+def skyrl_keys(
+    stats: PollStats, prefix: str = "vllm", window: str | None = None
+) -> dict[str, float]:
+    """SkyRL's step keys. Role scopes get their own sub-prefix (``vllm/train/decode/...``)."""
+    out: dict[str, float] = {}
+    base = f"{prefix}/{window}/" if window else f"{prefix}/"
+    for scope, s in stats.scopes.items():
+        if scope == "agg":
+            sbase = base
+        elif scope in ("prefill", "decode"):
+            sbase = f"{base}{scope}/"
+        else:
+            continue
+        for key, (metric, stat) in SKYRL_STEP_KEYS.items():
+            v = s.metrics.get(metric, {}).get(stat)
+            if v is not None and _finite(v):
+                out[sbase + key] = v
+        for metric, per_stat in s.metrics.items():
+            if metric.startswith("spec_decode_acceptance_rate_per_position{position="):
+                pos = int(metric.split("=", 1)[1].rstrip("}"))
+                v = per_stat.get("pooled")
+                if v is not None and _finite(v):
+                    out[f"{sbase}draft_acceptance_rate_pos_{pos + 1}"] = v
+        for name in ("prompt_throughput_cv", "generation_throughput_cv"):
+            if sbase + name in out:
+                out[sbase + name + "_num_engines"] = float(s.engines)
+    return out
+
+
+def poll_keys(stats: PollStats, options: KeyOptions = KeyOptions()) -> dict[str, float]:
+    """All keys of one poll under the chosen schema."""
+    if options.schema == "skyrl":
+        return skyrl_keys(stats, options.prefix or "vllm", options.window)
+    return prime_rl_keys(stats, options.prefix or "inference", options.key_budget)
+
+
+def flatten(keys: Mapping[str, float]) -> dict[str, float]:
+    """Drop non-finite values (trackers chart numbers)."""
+    return {k: v for k, v in keys.items() if _finite(v)}
