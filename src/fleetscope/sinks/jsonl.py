@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from fleetscope.sinks._warn import RateLimitedWarner
+from fleetscope._warn import RateLimitedWarner
 from fleetscope.sinks.base import Value
 
 logger = logging.getLogger(__name__)

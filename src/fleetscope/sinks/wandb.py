@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from fleetscope.sinks._warn import RateLimitedWarner
+from fleetscope._warn import RateLimitedWarner
 from fleetscope.sinks.base import Value
 
 if TYPE_CHECKING:

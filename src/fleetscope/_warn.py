@@ -1,4 +1,4 @@
-"""Rate-limited warnings for sinks: tracker trouble is reported, never raised, never spammed."""
+"""Rate-limited warnings: trouble is reported, never raised into the caller, never spammed."""
 
 from __future__ import annotations
 

@@ -1,0 +1,305 @@
+"""The poll loop: scrape every endpoint, fold into the fleet state, reduce, log to sinks.
+
+``Collector`` is asyncio-native (``async with Collector(...)``, ``await collector.poll()``);
+``Collector.start_background()`` runs it in its own thread for synchronous trainers. Nothing in
+it raises into the caller's loop: failures become metrics and rate-limited warnings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from fleetscope._warn import RateLimitedWarner
+from fleetscope.fleet import FleetState, PollResult
+from fleetscope.keys import KeyOptions, Schema
+from fleetscope.sinks.base import Sink
+from fleetscope.sources.http import Endpoint, HttpSource, name_endpoints
+from fleetscope.stats.deltas import EngineDelta
+from fleetscope.stats.reduce import Role
+
+log = logging.getLogger("fleetscope")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One engine's load, for admission control. Missing values are None, never 0."""
+
+    engine_id: str
+    endpoint: str
+    role: Role | None
+    reporting: bool
+    kv_usage: float | None
+    running: float | None
+    waiting: float | None
+    waiting_for_capacity: float | None
+    preemptions_since_last_poll: float | None
+    kv_capacity_tokens: float | None
+    max_model_len: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """The typed state of the fleet after one poll (what ``on_poll`` receives)."""
+
+    step: int
+    wall_time: float
+    engines: Mapping[str, EngineLoad]
+    endpoints_reporting: int
+    endpoints_expected: int
+    keys: Mapping[str, float]
+    result: PollResult
+
+
+def counter_increase(delta: EngineDelta | None, family: str) -> float | None:
+    """The exact increase of a counter family (all its children) in one engine delta."""
+    if delta is None or delta.baseline_only:
+        return None
+    slots = [c.slot for c in delta.layout.counters if c.name == family]
+    if not slots:
+        return None
+    v = float(delta.delta[slots].sum())
+    return None if math.isnan(v) else v
+
+
+def _get(metrics: Mapping[str, float], name: str) -> float | None:
+    v = metrics.get(name)
+    return None if v is None or math.isnan(v) else v
+
+
+class Collector:
+    """Watches a fleet of vLLM endpoints and logs correct fleet statistics every poll.
+
+    Args:
+        endpoints: base URLs or :class:`Endpoint` objects (names ``server0``... are assigned
+            in order, per role).
+        interval: seconds between polls; the schedule does not drift by the poll's duration.
+        sinks: where keys go (W&B, JSONL, terminal, ...).
+        on_poll: called with a :class:`FleetView` after every poll (exceptions are logged).
+        timeout, max_concurrency, max_body_bytes, headers, verify: HTTP behaviour.
+        schema: ``"prime-rl"`` (default keys) or ``"skyrl"``.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str | Endpoint],
+        *,
+        interval: float = 5.0,
+        sinks: Sequence[Sink] = (),
+        on_poll: Callable[[FleetView], None] | None = None,
+        timeout: float = 5.0,
+        max_concurrency: int = 64,
+        max_body_bytes: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        verify: bool | str = True,
+        schema: Schema = "prime-rl",
+        key_budget: int | None = None,
+        fetch_model_info: bool = True,
+    ):
+        if interval <= 0:
+            raise ValueError("interval must be positive")
+        self.endpoints = name_endpoints(endpoints)
+        self.interval = interval
+        self.sinks = list(sinks)
+        self.on_poll = on_poll
+        kw = {"max_body_bytes": max_body_bytes} if max_body_bytes else {}
+        self.source = HttpSource(
+            timeout=timeout,
+            max_concurrency=max_concurrency,
+            headers=headers,
+            verify=verify,
+            **kw,
+        )
+        opts = KeyOptions(schema=schema, **({"key_budget": key_budget} if key_budget else {}))
+        self.state = FleetState(key_options=opts)
+        self.fetch_model_info = fetch_model_info
+        self.last: FleetView | None = None
+        self._task: asyncio.Task | None = None
+        self._poll_lock = asyncio.Lock()
+        self._sink_pool = ThreadPoolExecutor(1, thread_name_prefix="fleetscope-sinks")
+        self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Collector:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start polling in the background of the running event loop."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="fleetscope-collector")
+
+    async def stop(self) -> None:
+        """Stop polling, flush and close sinks (bounded in time)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        await self.source.aclose()
+        if not self._closed:
+            self._closed = True
+            loop = asyncio.get_running_loop()
+            fut = loop.run_in_executor(self._sink_pool, self._close_sinks)
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(fut, timeout=30)
+            self._sink_pool.shutdown(wait=False)
+
+    def start_background(self) -> Collector:
+        """Run the collector in a daemon thread with its own event loop (sync trainers)."""
+        if self._thread is not None:
+            return self
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            self._poll_lock = asyncio.Lock()
+            loop.run_until_complete(self.start())
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.stop())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="fleetscope", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop_background(self, timeout: float = 30.0) -> None:
+        if self._thread is None or self._loop is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def poll_blocking(self, timeout: float = 60.0) -> FleetView | None:
+        """From another thread: run one poll now on the background loop and wait for it."""
+        if self._loop is None:
+            raise RuntimeError("poll_blocking() needs start_background() first")
+        fut = asyncio.run_coroutine_threadsafe(self.poll(), self._loop)
+        return fut.result(timeout)
+
+    # ------------------------------------------------------------------ polling
+
+    async def _run(self) -> None:
+        start = time.monotonic()
+        k = 0
+        while True:
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._warner.warn("poll", f"poll failed: {type(e).__name__}: {e}")
+            # next tick on a fixed grid: no drift; skip ticks a slow poll overran
+            k = max(k + 1, math.floor((time.monotonic() - start) / self.interval) + 1)
+            await asyncio.sleep(max(0.0, start + k * self.interval - time.monotonic()))
+
+    async def poll(self) -> FleetView:
+        """Scrape every endpoint once, reduce, log to the sinks; returns the fleet view."""
+        async with self._poll_lock:
+            scrapes = await self.source.scrape_all(self.endpoints)
+            if self.fetch_model_info:
+                need = [
+                    e
+                    for e, s in zip(self.endpoints, scrapes, strict=True)
+                    if s.ok and self.source.max_model_len.get(e.name) is None
+                ]
+                if need:
+                    await asyncio.gather(*(self.source.fetch_max_model_len(e) for e in need))
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self.source._pool, self.state.observe, scrapes)
+            view = self._view(result)
+            self.last = view
+            if self.sinks:
+                await loop.run_in_executor(self._sink_pool, self._log_sinks, result)
+            if self.on_poll is not None:
+                try:
+                    self.on_poll(view)
+                except Exception as e:
+                    self._warner.warn("on_poll", f"on_poll callback raised {e!r}")
+            return view
+
+    def _view(self, result: PollResult) -> FleetView:
+        stats = result.stats
+        engines: dict[str, EngineLoad] = {}
+        for i, eid in enumerate(stats.engine_ids):
+            if not stats.is_engine[i]:
+                continue
+            m = stats.engine(eid)
+            endpoint = eid.rsplit(".", 1)[0]
+            engines[eid] = EngineLoad(
+                engine_id=eid,
+                endpoint=endpoint,
+                role=self.state.roles.get(endpoint),
+                reporting=True,
+                kv_usage=_get(m, "kv_cache_usage_perc"),
+                running=_get(m, "num_requests_running"),
+                waiting=_get(m, "num_requests_waiting"),
+                waiting_for_capacity=_get(m, "num_requests_waiting_reason_capacity"),
+                preemptions_since_last_poll=counter_increase(
+                    result.deltas.get(eid), "vllm:num_preemptions"
+                ),
+                kv_capacity_tokens=_get(m, "kv_cache_capacity_tokens"),
+                max_model_len=self.source.max_model_len.get(endpoint),
+            )
+        # engines seen before but silent this poll: listed, with nothing known
+        for eid in self.state.baselines.engines():
+            endpoint = eid.rsplit(".", 1)[0]
+            if eid not in engines and "." in eid:
+                engines[eid] = EngineLoad(
+                    eid,
+                    endpoint,
+                    self.state.roles.get(endpoint),
+                    False,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    self.source.max_model_len.get(endpoint),
+                )
+        return FleetView(
+            step=result.step,
+            wall_time=result.wall_time,
+            engines=engines,
+            endpoints_reporting=sum(1 for s in result.scrapes if s.ok),
+            endpoints_expected=len(result.scrapes),
+            keys=result.keys,
+            result=result,
+        )
+
+    def _log_sinks(self, result: PollResult) -> None:
+        for sink in self.sinks:
+            try:
+                log_poll = getattr(sink, "log_poll", None)
+                if log_poll is not None:  # sinks that draw the fleet want the statistics
+                    log_poll(result)
+                else:
+                    sink.log(result.keys, step=result.step, wall_time=result.wall_time)
+            except Exception as e:
+                self._warner.warn(f"sink:{type(sink).__name__}", f"sink {sink!r} failed: {e!r}")
+
+    def _close_sinks(self) -> None:
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as e:
+                self._warner.warn("sink-close", f"closing {sink!r} failed: {e!r}")

@@ -1,0 +1,220 @@
+"""A live terminal view of the fleet (rich): the fleet at a glance, engines sorted by health.
+
+The sick engine is the first row, in red, with the reason. Works from the poll's statistics
+(``log_poll``), so it shows every engine whatever the key schema or budget.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING
+
+from fleetscope.sinks.base import Value
+
+if TYPE_CHECKING:
+    from fleetscope.fleet import PollResult
+
+KV_FULL = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRow:
+    engine_id: str
+    role: str
+    status: str  # OK | STALLED | KV FULL | PREEMPTING | QUEUEING | NO DATA
+    severity: int  # 2 red, 1 yellow, 0 fine
+    running: float | None
+    waiting: float | None
+    kv: float | None
+    gen_rate: float | None
+    prompt_rate: float | None
+    hit_rate: float | None
+    ttft: float | None
+
+
+def _f(m: Mapping[str, float], k: str) -> float | None:
+    v = m.get(k)
+    return None if v is None or math.isnan(v) else v
+
+
+def classify(m: Mapping[str, float], role: str | None, reporting: bool) -> tuple[str, int]:
+    """A one-word health status for one engine's metrics."""
+    if not reporting:
+        return "NO DATA", 2
+    running = _f(m, "num_requests_running") or 0.0
+    gen = _f(m, "generation_tokens_total:rate")
+    if role != "prefill" and running > 0 and gen is not None and gen == 0:
+        return "STALLED", 2
+    kv = _f(m, "kv_cache_usage_perc")
+    if kv is not None and kv >= KV_FULL:
+        return "KV FULL", 1
+    if (_f(m, "num_preemptions_total:rate") or 0) > 0:
+        return "PREEMPTING", 1
+    if (_f(m, "num_requests_waiting") or 0) > max(running, 1.0):
+        return "QUEUEING", 1
+    return "OK", 0
+
+
+def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[EngineRow]:
+    stats = result.stats
+    rows: list[EngineRow] = []
+    for i, eid in enumerate(stats.engine_ids):
+        if not stats.is_engine[i]:
+            continue
+        m = stats.engine(eid)
+        role = roles.get(eid.rsplit(".", 1)[0])
+        status, sev = classify(m, role, True)
+        rows.append(
+            EngineRow(
+                eid,
+                role or "-",
+                status,
+                sev,
+                _f(m, "num_requests_running"),
+                _f(m, "num_requests_waiting"),
+                _f(m, "kv_cache_usage_perc"),
+                _f(m, "generation_tokens_total:rate"),
+                _f(m, "prompt_tokens_total:rate"),
+                _f(m, "prefix_cache_hit_rate"),
+                _f(m, "time_to_first_token_seconds:mean"),
+            )
+        )
+    for sc in result.scrapes:
+        if not sc.ok:
+            rows.append(EngineRow(sc.endpoint + ".*", sc.role or "-", "NO DATA", 2, *(None,) * 7))
+    rows.sort(key=lambda r: (-r.severity, r.engine_id))
+    return rows
+
+
+def _num(v: float | None, fmt: str = "{:.1f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+class TerminalSink:
+    """Renders a live table with rich. ``live=False`` prints one table per poll instead."""
+
+    def __init__(
+        self,
+        *,
+        file: IO[str] | None = None,
+        live: bool | None = None,
+        title: str = "fleetscope",
+        max_rows: int = 40,
+    ):
+        from rich.console import Console
+
+        self.console = Console(file=file or sys.stdout)
+        self.live = self.console.is_terminal if live is None else live
+        self.title = title
+        self.max_rows = max_rows
+        self._live = None
+        self._lock = threading.Lock()
+        self.summary: dict[str, Value] = {}
+        self.last_rows: list[EngineRow] = []
+
+    def render(self, result: PollResult, roles: Mapping[str, str | None] | None = None):
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        if roles is None:
+            roles = {sc.endpoint: sc.role for sc in result.scrapes}
+        rows = engine_rows(result, roles)
+        self.last_rows = rows
+        agg = result.stats.scopes.get("agg")
+        am = agg.metrics if agg else {}
+
+        def stat(metric: str, s: str) -> float | None:
+            return am.get(metric, {}).get(s)
+
+        ok = sum(1 for sc in result.scrapes if sc.ok)
+        all_ok = ok == len(result.scrapes)
+        sick = [r for r in rows if r.severity == 2]
+        head = Text.assemble(
+            (f"{self.title}  ", "bold"),
+            f"poll {result.step}  ",
+            (
+                f"endpoints {ok}/{len(result.scrapes)}  ",
+                "green" if ok == len(result.scrapes) else "red",
+            ),
+            f"engines {agg.engines if agg else 0}  ",
+            f"gen {_num(stat('generation_tokens_total:rate', 'sum'))} tok/s  ",
+            f"prompt {_num(stat('prompt_tokens_total:rate', 'sum'))} tok/s  ",
+            f"hit {_num(stat('prefix_cache_hit_rate', 'pooled'), '{:.1%}')}  ",
+            f"TTFT p90 {_num(stat('time_to_first_token_seconds', 'p90'), '{:.3f}')} s  ",
+            (f"{len(sick)} sick" if sick else "all healthy", "bold red" if sick else "green"),
+        )
+        table = Table(show_lines=False, header_style="bold", expand=False)
+        for col, just in (
+            ("engine", "left"),
+            ("role", "left"),
+            ("status", "left"),
+            ("run", "right"),
+            ("wait", "right"),
+            ("KV", "right"),
+            ("gen tok/s", "right"),
+            ("prompt tok/s", "right"),
+            ("hit", "right"),
+            ("TTFT", "right"),
+        ):
+            table.add_column(col, justify=just)
+        for r in rows[: self.max_rows]:
+            style = {2: "bold red", 1: "yellow", 0: ""}[r.severity]
+            table.add_row(
+                r.engine_id,
+                r.role,
+                Text(r.status, style=style or "green"),
+                _num(r.running, "{:.0f}"),
+                _num(r.waiting, "{:.0f}"),
+                _num(r.kv, "{:.0%}"),
+                _num(r.gen_rate),
+                _num(r.prompt_rate),
+                _num(r.hit_rate, "{:.0%}"),
+                _num(r.ttft, "{:.3f}"),
+                style=style if r.severity == 2 else None,
+            )
+        if len(rows) > self.max_rows:
+            table.caption = f"{len(rows) - self.max_rows} more engines"
+        return Group(head, table)
+
+    def log_poll(self, result: PollResult) -> None:
+        renderable = self.render(result)
+        with self._lock:
+            if self.live:
+                if self._live is None:
+                    from rich.live import Live
+
+                    self._live = Live(renderable, console=self.console, auto_refresh=False)
+                    self._live.start()
+                self._live.update(renderable, refresh=True)
+            else:
+                self.console.print(renderable)
+
+    def log(self, metrics: Mapping[str, Value], *, step: int, wall_time: float) -> None:
+        """Keys alone carry no per-engine table; the collector calls :meth:`log_poll`."""
+
+    def log_summary(self, summary: Mapping[str, Value]) -> None:
+        from rich.table import Table
+
+        self.summary.update(summary)
+        table = Table(title="run summary", header_style="bold")
+        table.add_column("key")
+        table.add_column("value", justify="right")
+        for k, v in summary.items():
+            table.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
+        with self._lock:
+            self._stop_live()
+            self.console.print(table)
+
+    def _stop_live(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_live()
