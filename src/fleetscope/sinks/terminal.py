@@ -139,7 +139,7 @@ class TerminalSink:
             f"poll {result.step}  ",
             (
                 f"endpoints {ok}/{len(result.scrapes)}  ",
-                "green" if ok == len(result.scrapes) else "red",
+                "green" if all_ok else "red",
             ),
             f"engines {agg.engines if agg else 0}  ",
             f"gen {_num(stat('generation_tokens_total:rate', 'sum'))} tok/s  ",
