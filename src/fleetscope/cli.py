@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -59,6 +60,131 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _endpoints_from_args(args: argparse.Namespace):
+    from fleetscope.sources.http import Endpoint
+
+    eps = [Endpoint(url=u) for u in args.urls]
+    for spec in args.role or []:
+        role, sep, url = spec.partition("=")
+        if not sep or role not in ("prefill", "decode") or not url:
+            raise SystemExit(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
+        eps.append(Endpoint(url=url, role=role))
+    if not eps:
+        raise SystemExit("fleetscope: give at least one endpoint URL")
+    return eps
+
+
+def _headers_from_args(args: argparse.Namespace) -> dict[str, str]:
+    import os
+
+    headers = {}
+    token = args.bearer_token or (os.environ.get(args.bearer_env) if args.bearer_env else None)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list:
+    sinks: list = []
+    if terminal:
+        from fleetscope.sinks.terminal import TerminalSink
+
+        sinks.append(TerminalSink())
+    if args.jsonl:
+        from fleetscope.sinks.jsonl import JsonlSink
+
+        sinks.append(JsonlSink(args.jsonl))
+    if args.wandb_project:
+        from fleetscope.sinks.wandb import WandbSink
+
+        sinks.append(
+            WandbSink(
+                project=args.wandb_project,
+                entity=args.wandb_entity,
+                mode=args.wandb_mode,
+                name=args.wandb_name,
+                dir=args.wandb_dir,
+            )
+        )
+    return sinks
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from fleetscope.collector import Collector
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    endpoints = _endpoints_from_args(args)
+    if args.once:
+        return asyncio.run(_watch_once(args, endpoints))
+    terminal = not args.no_tui
+    sinks = build_sinks(args, terminal=terminal)
+    collector = Collector(
+        endpoints,
+        interval=args.interval,
+        sinks=sinks,
+        timeout=args.timeout,
+        headers=_headers_from_args(args),
+        verify=not args.insecure,
+        schema=args.schema,
+    )
+
+    async def run() -> None:
+        async with collector:
+            if args.duration:
+                await asyncio.sleep(args.duration)
+            else:
+                await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+    return 0
+
+
+async def _watch_once(args: argparse.Namespace, endpoints) -> int:
+    import asyncio
+
+    from fleetscope.collector import Collector
+
+    collector = Collector(
+        endpoints,
+        interval=args.interval,
+        timeout=args.timeout,
+        headers=_headers_from_args(args),
+        verify=not args.insecure,
+        schema=args.schema,
+    )
+    await collector.poll()
+    await asyncio.sleep(args.interval)
+    view = await collector.poll()
+    await collector.stop()
+    keys = dict(sorted(view.keys.items()))
+    if args.json:
+        json.dump(keys, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        from fleetscope.sinks.terminal import TerminalSink
+
+        TerminalSink(live=False).log_poll(view.result)
+    return 0 if view.endpoints_reporting == view.endpoints_expected else 1
+
+
+def _add_sink_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jsonl", default=None, help="append every poll to this JSONL file")
+    p.add_argument("--wandb-project", default=None, help="log to this W&B project")
+    p.add_argument("--wandb-entity", default=None)
+    p.add_argument("--wandb-name", default=None, help="W&B run name")
+    p.add_argument("--wandb-dir", default=None, help="where W&B writes its run files")
+    p.add_argument(
+        "--wandb-mode",
+        choices=["online", "offline", "disabled"],
+        default=None,
+        help="default: online when an API key is configured, else offline",
+    )
+
+
 def _print_table(keys: dict[str, float], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -106,6 +232,28 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--filter", default=None, help="only keys containing this text")
     ins.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout for URLs")
     ins.set_defaults(func=cmd_inspect)
+
+    w = sub.add_parser(
+        "watch",
+        help="watch a fleet: live view, W&B, JSONL",
+        description="Poll every endpoint's /metrics and log correct fleet statistics.",
+    )
+    w.add_argument("urls", nargs="*", help="base URLs of vLLM servers (role: none)")
+    w.add_argument(
+        "--role", action="append", metavar="ROLE=URL", help="prefill=URL or decode=URL (repeat)"
+    )
+    w.add_argument("--interval", type=float, default=5.0, help="seconds between polls (5)")
+    w.add_argument("--timeout", type=float, default=5.0, help="per-scrape timeout (5)")
+    w.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    w.add_argument("--once", action="store_true", help="two polls one interval apart, print")
+    w.add_argument("--json", action="store_true", help="with --once: keys as one JSON object")
+    w.add_argument("--no-tui", action="store_true", help="no live terminal view")
+    w.add_argument("--schema", choices=["prime-rl", "skyrl"], default="prime-rl")
+    w.add_argument("--bearer-token", default=None, help="Authorization: Bearer token")
+    w.add_argument("--bearer-env", default=None, help="read the bearer token from this env var")
+    w.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    _add_sink_args(w)
+    w.set_defaults(func=cmd_watch)
     return p
 
 
