@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.fleet import FleetState, PollResult
-from fleetscope.keys import KeyOptions, Schema
+from fleetscope.keys import KeyOptions, Schema, interval_keys, skyrl_interval_keys
 from fleetscope.sinks.base import Sink
 from fleetscope.sources.http import Endpoint, HttpSource, name_endpoints
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.reduce import Role
+from fleetscope.windows import COMBINED, Accumulator, WindowError, WindowSet
 
 log = logging.getLogger("fleetscope")
 
@@ -119,6 +120,9 @@ class Collector:
         )
         opts = KeyOptions(schema=schema, **({"key_budget": key_budget} if key_budget else {}))
         self.state = FleetState(key_options=opts)
+        self.windows = WindowSet()
+        self.run_status = "running"
+        self._summary_published = False
         self.fetch_model_info = fetch_model_info
         self.last: FleetView | None = None
         self._task: asyncio.Task | None = None
@@ -143,13 +147,20 @@ class Collector:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="fleetscope-collector")
 
-    async def stop(self) -> None:
-        """Stop polling, flush and close sinks (bounded in time)."""
+    async def stop(self, status: str | None = None, *, timeout: float = 30.0) -> None:
+        """Stop polling, take a last poll, publish the run summary and close the sinks.
+
+        ``status``: ``"success"`` (default) or ``"failed"``, published as ``run_status``.
+        Everything is bounded by ``timeout``; nothing here raises.
+        """
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+        if not self._closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._finish(status or "success"), timeout=timeout)
         await self.source.aclose()
         if not self._closed:
             self._closed = True
@@ -195,6 +206,118 @@ class Collector:
         fut = asyncio.run_coroutine_threadsafe(self.poll(), self._loop)
         return fut.result(timeout)
 
+    # ------------------------------------------------------------------ windows
+
+    def window(self, label: str) -> WindowHandle:
+        """A named window (``train``, ``eval``...): ``with``/``async with``, or explicit
+        ``start / pause / resume / stop``. Every boundary takes a poll first."""
+        return WindowHandle(self, label)
+
+    async def _boundary(self, action: str, label: str) -> dict[str, float]:
+        self.windows.check(action, label)  # misuse raises before anything is scraped
+        view = await self.poll()
+        now = view.result.time
+        if action == "start":
+            self.windows.start(label, now)
+        elif action == "pause":
+            self.windows.pause(label, now)
+        elif action == "resume":
+            self.windows.resume(label, now)
+        else:
+            w = self.windows.stop(label, now)
+            keys = self._interval_keys(w.acc, label, summary=False)
+            if self.sinks and keys:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._sink_pool, self._log_keys, keys, view.result
+                )
+            return keys
+        return {}
+
+    def _interval_keys(self, acc: Accumulator, label: str, *, summary: bool) -> dict[str, float]:
+        stats = acc.stats()
+        if stats is None:
+            return {}
+        meta = {
+            "active_seconds": acc.active_seconds,
+            "coverage": acc.coverage(),
+            "polls": float(acc.polls),
+            "failed_scrapes": float(acc.failed_scrapes),
+            "engine_restarts": float(acc.engine_restarts),
+        }
+        opts = self.state.key_options
+        if opts.schema == "skyrl":
+            base = ("vllm_correct_aggregate" if summary else (opts.prefix or "vllm")) + "/" + label
+            return skyrl_interval_keys(stats, base, meta, summary=summary)
+        root = (opts.prefix or "inference") + ("_summary" if summary else "")
+        return interval_keys(stats, f"{root}/{label}", meta)
+
+    def summary(self) -> dict[str, float | str]:
+        """The run summary: per run label (each window label, ``idle`` between windows, and
+        ``combined`` = the whole run), exact totals, rates, pooled means and quantiles."""
+        out: dict[str, float | str] = {}
+        for label, acc in self.windows.run.items():
+            if label == COMBINED or acc.polls:
+                out.update(self._interval_keys(acc, label, summary=True))
+        out["run_status"] = self.run_status
+        return out
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to continue the same run summary after a restart."""
+        return {
+            "windows": self.windows.state_dict(),
+            "restarts": dict(self.state.restarts),
+            "scrape_failures_total": dict(self.state.scrape_failures_total),
+            "step": self.state.step,
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Continue a saved run summary. Baselines are taken afresh: only what happens from
+        now on is counted on top of the saved sums."""
+        self.windows.load_state_dict(state["windows"])
+        self.state.restarts.update(state.get("restarts", {}))
+        self.state.scrape_failures_total.update(state.get("scrape_failures_total", {}))
+        self.state.step = max(self.state.step, int(state.get("step", 0)))
+
+    async def _finish(self, status: str) -> None:
+        if self._summary_published:
+            return
+        self._summary_published = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.poll(), timeout=self.source.timeout * 2)
+        for label in list(self.windows.active) + list(self.windows.paused):
+            with contextlib.suppress(WindowError):
+                self.windows.stop(label, time.monotonic())
+        if self.run_status == "running":
+            self.run_status = status
+        summary = self.summary()
+        if self.sinks:
+            await asyncio.get_running_loop().run_in_executor(
+                self._sink_pool, self._log_summary, summary
+            )
+
+    def _log_summary(self, summary: Mapping[str, float | str]) -> None:
+        for sink in self.sinks:
+            try:
+                sink.log_summary(summary)
+            except Exception as e:
+                self._warner.warn("sink-summary", f"summary to {sink!r} failed: {e!r}")
+
+    def _log_keys(self, keys: Mapping[str, float], result: PollResult) -> None:
+        for sink in self.sinks:
+            try:
+                sink.log(keys, step=result.step, wall_time=result.wall_time)
+            except Exception as e:
+                self._warner.warn(f"sink:{type(sink).__name__}", f"sink {sink!r} failed: {e!r}")
+
+    def _run_sync(self, coro_fn, *args):
+        """Run a collector coroutine from synchronous code (the background loop)."""
+        if self._loop is None:
+            self.start_background()
+        assert self._loop is not None
+        if threading.current_thread() is self._thread:
+            raise WindowError("inside the collector's own loop, use the async methods")
+        return asyncio.run_coroutine_threadsafe(coro_fn(*args), self._loop).result(120)
+
     # ------------------------------------------------------------------ polling
 
     async def _run(self) -> None:
@@ -225,6 +348,11 @@ class Collector:
                     await asyncio.gather(*(self.source.fetch_max_model_len(e) for e in need))
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(self.source._pool, self.state.observe, scrapes)
+            self.windows.attribute(
+                result.inputs,
+                now=result.time,
+                failed_scrapes=sum(1 for sc in scrapes if not sc.ok),
+            )
             view = self._view(result)
             self.last = view
             if self.sinks:
@@ -303,3 +431,53 @@ class Collector:
                 sink.close()
             except Exception as e:
                 self._warner.warn("sink-close", f"closing {sink!r} failed: {e!r}")
+
+
+class WindowHandle:
+    """Controls one window. Sync methods need ``start_background()`` (started on demand);
+    async ones (``astart`` ...) run on the caller's loop."""
+
+    def __init__(self, collector: Collector, label: str):
+        self.collector = collector
+        self.label = label
+        self.keys: dict[str, float] = {}
+
+    async def astart(self) -> WindowHandle:
+        await self.collector._boundary("start", self.label)
+        return self
+
+    async def apause(self) -> None:
+        await self.collector._boundary("pause", self.label)
+
+    async def aresume(self) -> None:
+        await self.collector._boundary("resume", self.label)
+
+    async def astop(self) -> dict[str, float]:
+        self.keys = await self.collector._boundary("stop", self.label)
+        return self.keys
+
+    def start(self) -> WindowHandle:
+        self.collector._run_sync(self.collector._boundary, "start", self.label)
+        return self
+
+    def pause(self) -> None:
+        self.collector._run_sync(self.collector._boundary, "pause", self.label)
+
+    def resume(self) -> None:
+        self.collector._run_sync(self.collector._boundary, "resume", self.label)
+
+    def stop(self) -> dict[str, float]:
+        self.keys = self.collector._run_sync(self.collector._boundary, "stop", self.label)
+        return self.keys
+
+    def __enter__(self) -> WindowHandle:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> WindowHandle:
+        return await self.astart()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.astop()

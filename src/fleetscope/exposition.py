@@ -375,7 +375,7 @@ class Parser:
             if not line.strip():
                 raise ExpositionError("blank line with whitespace", i, line)
             s = _parse_sample(line, i)
-            draft = self._classify(s, types, counter_bases)
+            draft = self._classify(s, types, counter_bases, identity)
             key = (s.name, tuple(sorted(s.labels.items())))
             if key in seen_series:
                 raise ExpositionError("duplicate series", i, line)
@@ -399,7 +399,11 @@ class Parser:
         return self._assemble(lines, samples, ordinal, n_skip, types, types_by_head)
 
     def _classify(
-        self, s: _Sample, types: dict[str, str], counter_bases: set[str]
+        self,
+        s: _Sample,
+        types: dict[str, str],
+        counter_bases: set[str],
+        identity: tuple[str, ...] = (),
     ) -> _SeriesDraft | None:
         name = s.name
         typ = types.get(name)
@@ -468,7 +472,7 @@ class Parser:
             except ValueError:
                 raise ExpositionError(f"bad le {le_str!r}", s.line, s.name) from None
         if kind == "info":
-            kept: Labels = tuple(sorted(labels.items()))
+            kept: Labels = tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
         else:
             kept = tuple(sorted((k, v) for k, v in labels.items() if k in BREAKDOWN_LABELS))
         return _SeriesDraft(kind, canon, kept, le, renamed)

@@ -52,6 +52,8 @@ class PollResult:
     scrapes: list[ScrapeResult]
     restarts: list[str] = field(default_factory=list)
     wall_time: float = 0.0
+    time: float = 0.0  # monotonic time of the latest response in this poll
+    inputs: list[EngineInput] = field(default_factory=list)
 
 
 class FleetState:
@@ -118,6 +120,8 @@ class FleetState:
             scrapes=list(scrapes),
             restarts=restarts,
             wall_time=max((sc.wall_time for sc in scrapes), default=0.0),
+            time=max((sc.time for sc in scrapes), default=0.0),
+            inputs=inputs,
         )
         self.step += 1
         return result

@@ -183,3 +183,94 @@ def poll_keys(stats: PollStats, options: KeyOptions = KeyOptions()) -> dict[str,
 def flatten(keys: Mapping[str, float]) -> dict[str, float]:
     """Drop non-finite values (trackers chart numbers)."""
     return {k: v for k, v in keys.items() if _finite(v)}
+
+
+# ----------------------------------------------------------------------------- windows
+
+SKYRL_SUMMARY_TOTALS: dict[str, str] = {
+    "output_tokens_total": "generation_tokens_total",
+    "prompt_tokens_total": "prompt_tokens_total",
+    "preemptions_total": "num_preemptions_total",
+    "kv_offload_store_bytes_total": "kv_offload_store_bytes_total",
+    "kv_offload_load_bytes_total": "kv_offload_load_bytes_total",
+}
+_SKYRL_NOT_IN_SUMMARY = {
+    "num_requests_running",
+    "num_requests_waiting",
+    "kv_cache_usage_perc",
+    "draft_num_draft_tokens",
+    "draft_num_accepted_tokens",
+    "prompt_throughput_cv",
+    "generation_throughput_cv",
+}
+
+
+def interval_keys(
+    stats: PollStats,
+    base: str,
+    meta: Mapping[str, float | None],
+) -> dict[str, float]:
+    """Default-schema keys of a window or run label: ``{base}/{scope}/{metric}/{stat}``.
+
+    Cumulative values (a counter's current total) mean nothing over an interval, so those
+    columns keep only their exact increase (``delta``); gauge columns are time-weighted.
+    """
+    out: dict[str, float] = {}
+    kinds = stats.kinds
+    for scope, s in stats.scopes.items():
+        for metric, per_stat in s.metrics.items():
+            total = kinds.get(metric) == "total"
+            for stat, v in per_stat.items():
+                if total and stat != "delta":
+                    continue
+                if _finite(v):
+                    out[f"{base}/{scope}/{metric}/{stat}"] = v
+        out[f"{base}/{scope}/engines"] = float(s.engines)
+    for k, v in meta.items():
+        if v is not None and _finite(v):
+            out[f"{base}/{k}"] = float(v)
+    return out
+
+
+def skyrl_interval_keys(
+    stats: PollStats,
+    base: str,
+    meta: Mapping[str, float | None],
+    *,
+    summary: bool = False,
+) -> dict[str, float]:
+    """SkyRL's window keys (``vllm/train/...``) or summary keys (``vllm_correct_aggregate/...``)."""
+    out: dict[str, float] = {}
+    for scope, s in stats.scopes.items():
+        if scope == "agg":
+            sbase = f"{base}/"
+        elif scope in ("prefill", "decode"):
+            sbase = f"{base}/{scope}/"
+        else:
+            continue
+        for key, (metric, stat) in SKYRL_STEP_KEYS.items():
+            if summary and key in _SKYRL_NOT_IN_SUMMARY:
+                continue
+            v = s.metrics.get(metric, {}).get(stat)
+            if v is not None and _finite(v):
+                out[sbase + key] = v
+        if summary:
+            for key, metric in SKYRL_SUMMARY_TOTALS.items():
+                v = s.metrics.get(metric, {}).get("delta")
+                if v is not None and _finite(v):
+                    out[sbase + key] = v
+            secs = meta.get("active_seconds")
+            if secs is not None:
+                out[sbase + "measurement_seconds"] = float(secs)
+        else:
+            for metric, per_stat in s.metrics.items():
+                if metric.startswith("spec_decode_acceptance_rate_per_position{position="):
+                    pos = int(metric.split("=", 1)[1].rstrip("}"))
+                    v = per_stat.get("pooled")
+                    if v is not None and _finite(v):
+                        out[f"{sbase}draft_acceptance_rate_pos_{pos + 1}"] = v
+    for k in ("coverage", "failed_scrapes", "engine_restarts"):
+        v = meta.get(k)
+        if v is not None and _finite(v):
+            out[f"{base}/{k}"] = float(v)
+    return out

@@ -1,0 +1,439 @@
+"""Windows and the run summary (SPEC 3.8): exact sums of per-engine deltas over named intervals.
+
+Every poll's per-engine deltas are *attributed*: to each active window, and to the run label
+of each active window; deltas that arrive while no window is active go to the ``idle`` label,
+so nothing is lost (tokens produced between two windows show up under ``idle``). The run's
+``combined`` label receives every delta once: it is the exact total of the whole run.
+
+A window's totals are exact for every engine and series it covers: a failed scrape only moves
+that engine's delta to its next success (which still lands in the window if it is still open),
+a reset only restarts that series from 0. Coverage (engine-seconds covered / expected) reports
+what a failure cost. Rates divide by the window's *active* seconds (pauses excluded);
+quantiles pool the window's bucket deltas; gauges get a time-weighted mean and a peak.
+
+Pure bookkeeping: the collector supplies the clock readings and the polls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fleetscope.exposition import Parser
+from fleetscope.snapshot import EngineLayout, EngineSnapshot, render_layout
+from fleetscope.stats.deltas import EngineDelta
+from fleetscope.stats.reduce import EngineInput, PollStats, Role, reduce_poll
+
+IDLE = "idle"
+COMBINED = "combined"
+
+
+class WindowError(RuntimeError):
+    """A window used out of order (pause before start, stop twice, ...)."""
+
+
+@dataclass
+class _EngineSum:
+    layout: EngineLayout
+    current: EngineSnapshot
+    delta: np.ndarray  # summed per-slot increases (NaN: unknown for this window)
+    covered: float = 0.0  # engine-seconds with deltas
+    gauge_area: np.ndarray | None = None  # sum of value * seconds per slot (gauges)
+    gauge_seconds: np.ndarray | None = None
+    gauge_peak: np.ndarray | None = None
+    role: Role | None = None
+    groups: tuple[str, ...] = ()
+    is_engine: bool = True
+    restarts: int = 0
+
+    def realign(self, layout: EngineLayout) -> None:
+        """Carry sums over to a new layout of the same engine (series come and go)."""
+        if layout is self.layout:
+            return
+        old = self.layout.index
+        idx = np.array([old.get(s, -1) for s in layout.slot_ids], dtype=np.intp)
+        have = idx >= 0
+
+        def move(arr: np.ndarray | None, fill: float) -> np.ndarray | None:
+            if arr is None:
+                return None
+            out = np.full(len(layout.slot_ids), fill)
+            out[have] = arr[idx[have]]
+            return out
+
+        self.delta = move(self.delta, 0.0)  # a new series had nothing before it appeared
+        self.gauge_area = move(self.gauge_area, 0.0)
+        self.gauge_seconds = move(self.gauge_seconds, 0.0)
+        self.gauge_peak = move(self.gauge_peak, np.nan)
+        self.layout = layout
+
+
+class Accumulator:
+    """Exact per-engine sums over a set of polls (one window, or one label over the run)."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.engines: dict[str, _EngineSum] = {}
+        self.active_seconds = 0.0
+        self.polls = 0
+        self.failed_scrapes = 0
+        self.engine_restarts = 0
+
+    def add(
+        self,
+        inputs: Iterable[EngineInput],
+        *,
+        failed_scrapes: int = 0,
+    ) -> None:
+        self.polls += 1
+        self.failed_scrapes += failed_scrapes
+        for inp in inputs:
+            d = inp.delta
+            acc = self.engines.get(inp.engine_id)
+            if acc is None:
+                acc = self.engines[inp.engine_id] = _EngineSum(
+                    d.layout,
+                    d.current,
+                    np.zeros(len(d.current.data)),
+                    role=inp.role,
+                    groups=inp.groups,
+                    is_engine=inp.is_engine,
+                )
+            else:
+                acc.realign(d.layout)
+                acc.current = d.current
+            if d.baseline_only:
+                continue
+            acc.delta = acc.delta + np.where(np.isnan(d.delta), _nan_or_zero(d), d.delta)
+            acc.covered += d.seconds
+            if d.restarted:
+                acc.restarts += 1
+                self.engine_restarts += 1
+            gslots = _gauge_slots(d.layout)
+            if len(gslots):
+                if acc.gauge_area is None:
+                    n = len(d.current.data)
+                    acc.gauge_area = np.zeros(n)
+                    acc.gauge_seconds = np.zeros(n)
+                    acc.gauge_peak = np.full(n, np.nan)
+                v = d.current.data[gslots]
+                ok = ~np.isnan(v)
+                acc.gauge_area[gslots[ok]] += v[ok] * d.seconds
+                acc.gauge_seconds[gslots[ok]] += d.seconds
+                acc.gauge_peak[gslots[ok]] = np.fmax(acc.gauge_peak[gslots[ok]], v[ok])
+
+    def add_seconds(self, seconds: float) -> None:
+        self.active_seconds += max(0.0, seconds)
+
+    def merge(self, other: Accumulator) -> None:
+        """Add another accumulator's sums (a finished window into its run label)."""
+        self.polls += other.polls
+        self.failed_scrapes += other.failed_scrapes
+        self.engine_restarts += other.engine_restarts
+        self.active_seconds += other.active_seconds
+        for eid, o in other.engines.items():
+            acc = self.engines.get(eid)
+            if acc is None:
+                self.engines[eid] = _copy(o)
+                continue
+            acc.realign(o.layout)
+            acc.current = o.current
+            o2 = _copy(o)
+            o2.realign(acc.layout)
+            acc.delta = acc.delta + o2.delta
+            acc.covered += o2.covered
+            acc.restarts += o2.restarts
+            if o2.gauge_area is not None:
+                if acc.gauge_area is None:
+                    acc.gauge_area = o2.gauge_area.copy()
+                    acc.gauge_seconds = o2.gauge_seconds.copy()
+                    acc.gauge_peak = o2.gauge_peak.copy()
+                else:
+                    acc.gauge_area += o2.gauge_area
+                    acc.gauge_seconds += o2.gauge_seconds
+                    acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
+
+    # ------------------------------------------------------------------ results
+
+    def coverage(self) -> float | None:
+        """Engine-seconds with exact deltas / (engines x active seconds)."""
+        engines = [a for a in self.engines.values() if a.is_engine]
+        if not engines or self.active_seconds <= 0:
+            return None
+        return min(1.0, sum(a.covered for a in engines) / (len(engines) * self.active_seconds))
+
+    def stats(self, prefixes: Iterable[str] | None = None) -> PollStats | None:
+        """Reduce the sums: totals (``delta``), rates over active seconds, pooled ratios and
+        quantiles, and time-weighted gauges (the gauge columns hold each engine's
+        time-weighted mean; ``peak`` is added per scope)."""
+        if not self.engines:
+            return None
+        seconds = self.active_seconds
+        inputs = []
+        for eid, a in self.engines.items():
+            data = a.current.data.copy()
+            gslots = _gauge_slots(a.layout)
+            if a.gauge_area is not None and len(gslots):
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    tw = a.gauge_area[gslots] / a.gauge_seconds[gslots]
+                data[gslots] = np.where(a.gauge_seconds[gslots] > 0, tw, data[gslots])
+            snap = EngineSnapshot(eid, a.layout, data, a.current.time, a.current.wall_time)
+            delta = EngineDelta(eid, snap, a.delta, seconds if seconds > 0 else a.covered)
+            inputs.append(EngineInput(eid, delta, a.role, a.groups, a.is_engine))
+        kw = {"prefixes": tuple(prefixes)} if prefixes else {}
+        stats = reduce_poll(inputs, **kw)
+        _add_peaks(stats, self)
+        return stats
+
+    # ------------------------------------------------------------------ persistence
+
+    def state_dict(self) -> dict:
+        engines = {}
+        for eid, a in self.engines.items():
+            sids = a.layout.slot_ids
+
+            def as_map(arr: np.ndarray | None, sids=sids) -> dict[str, float] | None:
+                if arr is None:
+                    return None
+                return {s: _jsonable(v) for s, v in zip(sids, arr, strict=True)}
+
+            engines[eid] = {
+                "layout": render_layout(a.layout, a.current.data),
+                "delta": as_map(a.delta),
+                "covered": a.covered,
+                "gauge_area": as_map(a.gauge_area),
+                "gauge_seconds": as_map(a.gauge_seconds),
+                "gauge_peak": as_map(a.gauge_peak),
+                "role": a.role,
+                "groups": list(a.groups),
+                "is_engine": a.is_engine,
+                "restarts": a.restarts,
+            }
+        return {
+            "label": self.label,
+            "active_seconds": self.active_seconds,
+            "polls": self.polls,
+            "failed_scrapes": self.failed_scrapes,
+            "engine_restarts": self.engine_restarts,
+            "engines": engines,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping) -> Accumulator:
+        acc = cls(state["label"])
+        acc.active_seconds = float(state["active_seconds"])
+        acc.polls = int(state["polls"])
+        acc.failed_scrapes = int(state["failed_scrapes"])
+        acc.engine_restarts = int(state["engine_restarts"])
+        for eid, e in state["engines"].items():
+            expo = Parser(identity_labels=("__none__",)).parse(e["layout"], time=0.0, wall_time=0.0)
+            snap = next(iter(expo.values()))
+            lay = snap.layout
+
+            def arr(m: Mapping[str, float] | None, fill: float, lay=lay) -> np.ndarray | None:
+                if m is None:
+                    return None
+                return np.array([_from_json(m.get(s, fill)) for s in lay.slot_ids], dtype=float)
+
+            acc.engines[eid] = _EngineSum(
+                lay,
+                snap,
+                arr(e["delta"], 0.0),
+                covered=float(e["covered"]),
+                gauge_area=arr(e["gauge_area"], 0.0),
+                gauge_seconds=arr(e["gauge_seconds"], 0.0),
+                gauge_peak=arr(e["gauge_peak"], math.nan),
+                role=e["role"],
+                groups=tuple(e["groups"]),
+                is_engine=bool(e["is_engine"]),
+                restarts=int(e["restarts"]),
+            )
+        return acc
+
+
+def _nan_or_zero(d: EngineDelta) -> np.ndarray:
+    """Unknown increases stay unknown (NaN) in cumulative slots; other slots add nothing."""
+    out = np.zeros(len(d.delta))
+    cum = d.layout.cumulative
+    unknown = np.isnan(d.delta[cum])
+    out[cum[unknown]] = np.nan
+    return out
+
+
+def _gauge_slots(layout: EngineLayout) -> np.ndarray:
+    return np.array([g.slot for g in layout.gauges], dtype=np.intp)
+
+
+def _copy(a: _EngineSum) -> _EngineSum:
+    return _EngineSum(
+        a.layout,
+        a.current,
+        a.delta.copy(),
+        a.covered,
+        None if a.gauge_area is None else a.gauge_area.copy(),
+        None if a.gauge_seconds is None else a.gauge_seconds.copy(),
+        None if a.gauge_peak is None else a.gauge_peak.copy(),
+        a.role,
+        a.groups,
+        a.is_engine,
+        a.restarts,
+    )
+
+
+def _jsonable(v: float) -> float | str:
+    return "NaN" if math.isnan(v) else float(v)
+
+
+def _from_json(v: float | str) -> float:
+    return math.nan if v == "NaN" else float(v)
+
+
+def _add_peaks(stats: PollStats, acc: Accumulator) -> None:
+    """Per scope, each gauge's peak: the max over engines of their max over polls."""
+    from fleetscope.stats.reduce import plan_for
+
+    peaks: dict[str, dict[str, float]] = {}  # engine -> metric -> peak
+    for eid, a in acc.engines.items():
+        if a.gauge_peak is None:
+            continue
+        plan = plan_for(a.layout)
+        # plan value columns of kind gauge map 1:1 onto gauge slots (or sums of them)
+        per = {}
+        for g in a.layout.gauges:
+            from fleetscope.stats.reduce import label_suffix, metric_name
+
+            name = metric_name(g.name) + label_suffix(g.labels)
+            if g.name == "vllm:num_requests_waiting_by_reason":
+                name = f"num_requests_waiting_reason_{dict(g.labels).get('reason', 'unknown')}"
+            v = a.gauge_peak[g.slot]
+            if not math.isnan(v) and name in plan.names:
+                per[name] = float(v)
+        peaks[eid] = per
+    for scope, s in stats.scopes.items():
+        members = _scope_members(stats, acc, scope)
+        for eid in members:
+            for name, v in peaks.get(eid, {}).items():
+                m = s.metrics.setdefault(name, {})
+                m["peak"] = max(m.get("peak", -math.inf), v)
+
+
+def _scope_members(stats: PollStats, acc: Accumulator, scope: str) -> list[str]:
+    if scope == "agg":
+        return list(acc.engines)
+    return [eid for eid, a in acc.engines.items() if a.role == scope or scope in a.groups]
+
+
+# --------------------------------------------------------------------------- windows
+
+
+@dataclass
+class Window:
+    """One named measurement interval. Created by :class:`WindowSet`; see its methods."""
+
+    label: str
+    acc: Accumulator
+    state: str = "created"  # created | active | paused | stopped
+    started_at: float | None = None
+    resumed_at: float | None = None
+    result: dict[str, float] = field(default_factory=dict)
+
+
+class WindowSet:
+    """All windows of one collector, the run summary per label, and attribution of deltas."""
+
+    def __init__(self) -> None:
+        self.active: dict[str, Window] = {}
+        self.paused: dict[str, Window] = {}
+        self.run: dict[str, Accumulator] = {COMBINED: Accumulator(COMBINED)}
+        self.last_attributed_time: float | None = None
+
+    # ------------------------------------------------------------------ state changes
+
+    def check(self, action: str, label: str) -> None:
+        """Raise :class:`WindowError` if ``action`` is not valid for ``label`` now."""
+        open_ = label in self.active or label in self.paused
+        if action == "start":
+            if label in (IDLE, COMBINED):
+                raise WindowError(f"{label!r} is reserved for the run summary")
+            if open_:
+                raise WindowError(f"window {label!r} is already open; stop it first")
+        elif action == "pause" and label not in self.active:
+            state = "paused" if label in self.paused else "not started"
+            raise WindowError(f"cannot pause window {label!r}: it is {state}")
+        elif action == "resume" and label not in self.paused:
+            state = "active" if label in self.active else "not started"
+            raise WindowError(f"cannot resume window {label!r}: it is {state}")
+        elif action == "stop" and not open_:
+            raise WindowError(f"cannot stop window {label!r}: it is not open")
+        elif action not in ("start", "pause", "resume", "stop"):
+            raise WindowError(f"unknown window action {action!r}")
+
+    def start(self, label: str, now: float) -> Window:
+        self.check("start", label)
+        w = Window(label, Accumulator(label), "active", now, now)
+        self.active[label] = w
+        return w
+
+    def pause(self, label: str, now: float) -> Window:
+        self.check("pause", label)
+        w = self.active.pop(label)
+        w.acc.add_seconds(now - (w.resumed_at or now))
+        w.state = "paused"
+        self.paused[label] = w
+        return w
+
+    def resume(self, label: str, now: float) -> Window:
+        self.check("resume", label)
+        w = self.paused.pop(label)
+        w.state = "active"
+        w.resumed_at = now
+        self.active[label] = w
+        return w
+
+    def stop(self, label: str, now: float) -> Window:
+        self.check("stop", label)
+        w = self.active.pop(label, None)
+        if w is not None:
+            w.acc.add_seconds(now - (w.resumed_at or now))
+        else:
+            w = self.paused.pop(label)
+        w.state = "stopped"
+        self.run.setdefault(label, Accumulator(label)).merge(w.acc)
+        return w
+
+    # ------------------------------------------------------------------ attribution
+
+    def attribute(
+        self,
+        inputs: list[EngineInput],
+        *,
+        now: float,
+        failed_scrapes: int = 0,
+    ) -> None:
+        """Give one poll's deltas to every active window (or to ``idle``) and to the run."""
+        prev = self.last_attributed_time
+        self.last_attributed_time = now
+        elapsed = 0.0 if prev is None else max(0.0, now - prev)
+        self.run[COMBINED].add(inputs, failed_scrapes=failed_scrapes)
+        self.run[COMBINED].add_seconds(elapsed)
+        if self.active:
+            for w in self.active.values():
+                w.acc.add(inputs, failed_scrapes=failed_scrapes)
+        else:
+            idle = self.run.setdefault(IDLE, Accumulator(IDLE))
+            idle.add(inputs, failed_scrapes=failed_scrapes)
+            idle.add_seconds(elapsed)
+
+    # ------------------------------------------------------------------ persistence
+
+    def state_dict(self) -> dict:
+        return {"run": {k: v.state_dict() for k, v in self.run.items()}, "version": 1}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if state.get("version") != 1:
+            raise ValueError("unknown fleetscope window state version")
+        self.run = {k: Accumulator.from_state_dict(v) for k, v in state["run"].items()}
+        self.run.setdefault(COMBINED, Accumulator(COMBINED))
