@@ -1,0 +1,130 @@
+"""``fleetscope demo``: a simulated fleet on loopback, watched end to end for ~30 s.
+
+Starts two plain servers with two data-parallel engines each and a prefill/decode pair, watches
+them with the live view, logs to W&B (offline unless an API key is set) and JSONL, runs a
+``train`` and an ``eval`` window, stalls one decode engine half way, and ends by printing where
+the results are and a short summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetscope.collector import Collector
+from fleetscope.sinks.jsonl import JsonlSink
+from fleetscope.sinks.terminal import TerminalSink
+from fleetscope.sources.http import Endpoint
+
+log = logging.getLogger("fleetscope")
+
+
+@dataclass
+class DemoResult:
+    out_dir: Path
+    jsonl: Path
+    wandb_dir: Path | None
+    summary: dict
+    polls: int
+
+
+async def run_demo(
+    *,
+    duration: float = 30.0,
+    interval: float = 2.0,
+    out_dir: Path = Path("fleetscope-demo"),
+    use_wandb: bool = True,
+    live: bool | None = None,
+    seed: int = 0,
+) -> DemoResult:
+    from fleetscope.simulate.fleet import SimFleet
+    from fleetscope.simulate.server import FleetServer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jsonl_path = out_dir / "polls.jsonl"
+    sinks: list = [TerminalSink(live=live, title="fleetscope demo"), JsonlSink(jsonl_path)]
+    wandb_dir = None
+    if use_wandb:
+        os.environ.setdefault("WANDB_SILENT", "true")  # the demo prints its own report
+        try:
+            from fleetscope.sinks.wandb import WandbSink
+
+            wandb_dir = out_dir / "wandb"
+            wandb_dir.mkdir(exist_ok=True)
+            sinks.append(WandbSink(project="fleetscope-demo", dir=str(wandb_dir), name="demo"))
+        except ImportError as e:
+            print(f"W&B not installed ({e}); logging to JSONL only")
+            wandb_dir = None
+
+    fleet = SimFleet.build(4, dp=2, roles=[None, None, "prefill", "decode"], seed=seed)
+    fleet.step(3.0)  # engines already busy when we attach
+    with FleetServer(fleet, step_interval=0.5) as server:
+        endpoints = [
+            Endpoint(url, role=ep.role)
+            for url, ep in zip(server.urls, fleet.endpoints, strict=True)
+        ]
+        collector = Collector(endpoints, interval=interval, sinks=sinks)
+        polls = 0
+        t0 = time.monotonic()
+        async with collector:
+            train = collector.window("train")
+            await train.astart()
+            await asyncio.sleep(duration * 0.45)
+            await train.astop()
+            # the fault: one decode engine stops generating while its requests stay running
+            fleet.endpoint("decode0").stall(engine=0)
+            ev = collector.window("eval")
+            await ev.astart()
+            await asyncio.sleep(max(0.0, duration - (time.monotonic() - t0) - 1))
+            await ev.astop()
+            polls = collector.state.step
+        summary = collector.summary()
+    return DemoResult(out_dir, jsonl_path, wandb_dir, summary, polls)
+
+
+def print_report(result: DemoResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    s = result.summary
+    c.rule("[bold]fleetscope demo: done")
+    t = Table(show_header=True, header_style="bold")
+    t.add_column("run label")
+    t.add_column("gen tokens", justify="right")
+    t.add_column("gen tok/s", justify="right")
+    t.add_column("prefix hit", justify="right")
+    t.add_column("TTFT p90 (s)", justify="right")
+    t.add_column("coverage", justify="right")
+    for label in ("train", "eval", "idle", "combined"):
+        b = f"inference_summary/{label}"
+        gen = s.get(f"{b}/agg/generation_tokens_total/delta")
+        if gen is None:
+            continue
+        rate = s.get(f"{b}/agg/generation_tokens_total:rate/sum")
+        hit = s.get(f"{b}/agg/prefix_cache_hit_rate/pooled")
+        p90 = s.get(f"{b}/agg/time_to_first_token_seconds/p90")
+        cov = s.get(f"{b}/coverage")
+        t.add_row(
+            label,
+            f"{gen:,.0f}",
+            "—" if rate is None else f"{rate:,.1f}",
+            "—" if hit is None else f"{hit:.1%}",
+            "—" if p90 is None else f"{p90:.3f}",
+            "—" if cov is None else f"{cov:.0%}",
+        )
+    c.print(t)
+    c.print(f"polls: {result.polls}   run_status: {s.get('run_status')}")
+    c.print(f"JSONL (every poll + summary): [bold]{result.jsonl}[/]")
+    if result.wandb_dir is not None:
+        runs = sorted(result.wandb_dir.glob("wandb/*run-*"))
+        where = runs[-1] if runs else result.wandb_dir
+        c.print(f"W&B run files: [bold]{where}[/]  (upload later with `wandb sync {where}`)")
+    c.print(
+        "The injected fault: decode0.0 stalled during the eval window; see "
+        "inference/decode/generation_tokens_total:rate/min in the JSONL."
+    )
