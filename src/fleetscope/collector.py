@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from fleetscope._warn import RateLimitedWarner
-from fleetscope.fleet import FleetState, PollResult
+from fleetscope.fleet import FleetState, PollResult, ScrapeResult
 from fleetscope.keys import KeyOptions, Schema, interval_keys, skyrl_interval_keys
 from fleetscope.sinks.base import Sink
 from fleetscope.sources.http import Endpoint, HttpSource, name_endpoints
@@ -27,6 +28,18 @@ from fleetscope.stats.reduce import Role
 from fleetscope.windows import COMBINED, Accumulator, WindowError, WindowSet
 
 log = logging.getLogger("fleetscope")
+
+
+# vLLM's KV-consumer gauge: present on servers that fetch KV from a prefill server (decode)
+KV_CONSUMER_FAMILY = "vllm:num_requests_kv_fetch_by_stage"
+
+
+class ScrapeSource(Protocol):
+    """Anything that yields one poll's scrapes: Ray agents, a Prometheus server, ..."""
+
+    async def scrape_all(self) -> list[ScrapeResult]: ...
+
+    async def aclose(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +103,9 @@ class Collector:
 
     def __init__(
         self,
-        endpoints: Sequence[str | Endpoint],
+        endpoints: Sequence[str | Endpoint] = (),
         *,
+        source: ScrapeSource | None = None,
         interval: float = 5.0,
         sinks: Sequence[Sink] = (),
         on_poll: Callable[[FleetView], None] | None = None,
@@ -103,10 +117,14 @@ class Collector:
         schema: Schema = "prime-rl",
         key_budget: int | None = None,
         fetch_model_info: bool = True,
+        discover_roles: bool = True,
     ):
         if interval <= 0:
             raise ValueError("interval must be positive")
+        if not endpoints and source is None:
+            raise ValueError("give endpoints, or a source (e.g. RaySource)")
         self.endpoints = name_endpoints(endpoints)
+        self.timeout = timeout
         self.interval = interval
         self.sinks = list(sinks)
         self.on_poll = on_poll
@@ -118,12 +136,16 @@ class Collector:
             verify=verify,
             **kw,
         )
+        # another source (Ray agents, a Prometheus server) replaces direct HTTP scraping
+        self.extra_source = source
         opts = KeyOptions(schema=schema, **({"key_budget": key_budget} if key_budget else {}))
         self.state = FleetState(key_options=opts)
         self.windows = WindowSet()
         self.run_status = "running"
         self._summary_published = False
         self.fetch_model_info = fetch_model_info
+        self.discover_roles = discover_roles
+        self._role_checked: set[str] = {e.name for e in self.endpoints if e.role}
         self.last: FleetView | None = None
         self._task: asyncio.Task | None = None
         self._poll_lock = asyncio.Lock()
@@ -162,6 +184,9 @@ class Collector:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._finish(status or "success"), timeout=timeout)
         await self.source.aclose()
+        if self.extra_source is not None:
+            with contextlib.suppress(Exception):
+                await self.extra_source.aclose()
         if not self._closed:
             self._closed = True
             loop = asyncio.get_running_loop()
@@ -283,7 +308,7 @@ class Collector:
             return
         self._summary_published = True
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.poll(), timeout=self.source.timeout * 2)
+            await asyncio.wait_for(self.poll(), timeout=self.timeout * 2)
         for label in list(self.windows.active) + list(self.windows.paused):
             with contextlib.suppress(WindowError):
                 self.windows.stop(label, time.monotonic())
@@ -337,7 +362,11 @@ class Collector:
     async def poll(self) -> FleetView:
         """Scrape every endpoint once, reduce, log to the sinks; returns the fleet view."""
         async with self._poll_lock:
-            scrapes = await self.source.scrape_all(self.endpoints)
+            scrapes = await self.source.scrape_all(self.endpoints) if self.endpoints else []
+            if self.discover_roles:
+                scrapes = await self._discover_roles(scrapes)
+            if self.extra_source is not None:
+                scrapes += await self.extra_source.scrape_all()
             if self.fetch_model_info:
                 need = [
                     e
@@ -364,6 +393,44 @@ class Collector:
                     self._warner.warn("on_poll", f"on_poll callback raised {e!r}")
             return view
 
+    async def _discover_roles(self, scrapes: list[ScrapeResult]) -> list[ScrapeResult]:
+        """Roles of endpoints given without one: ``GET /get_metrics_worker_info`` (SkyRL's
+        protocol), else a KV-consumer gauge marks a decode server. Asked once per endpoint."""
+        todo = [
+            (i, e)
+            for i, (e, sc) in enumerate(zip(self.endpoints, scrapes, strict=True))
+            if sc.ok and e.name not in self._role_checked
+        ]
+        if not todo:
+            return scrapes
+        infos = await asyncio.gather(*(self.source.fetch_worker_info(e) for _, e in todo))
+        out = list(scrapes)
+        for (i, ep), info in zip(todo, infos, strict=True):
+            self._role_checked.add(ep.name)
+            role = info.get("role") if info else None
+            expo = scrapes[i].exposition
+            if role not in ("prefill", "decode") and expo is not None:
+                if KV_CONSUMER_FAMILY in expo.types or any(
+                    g.name == KV_CONSUMER_FAMILY for s in expo.values() for g in s.layout.gauges
+                ):
+                    role = "decode"
+            if role in ("prefill", "decode"):
+                self.endpoints[i] = Endpoint(ep.url, ep.name, role, ep.headers, ep.groups)
+                sc = scrapes[i]
+                out[i] = ScrapeResult(
+                    sc.endpoint,
+                    sc.exposition,
+                    sc.time,
+                    sc.wall_time,
+                    sc.latency,
+                    sc.error,
+                    role,
+                    sc.groups,
+                    sc.engine_roles,
+                )
+                log.info("fleetscope: %s discovered as a %s server", ep.name, role)
+        return out
+
     def _view(self, result: PollResult) -> FleetView:
         stats = result.stats
         engines: dict[str, EngineLoad] = {}
@@ -375,7 +442,7 @@ class Collector:
             engines[eid] = EngineLoad(
                 engine_id=eid,
                 endpoint=endpoint,
-                role=self.state.roles.get(endpoint),
+                role=self.state.engine_role.get(eid, self.state.roles.get(endpoint)),
                 reporting=True,
                 kv_usage=_get(m, "kv_cache_usage_perc"),
                 running=_get(m, "num_requests_running"),

@@ -35,6 +35,7 @@ class ScrapeResult:
     error: str | None = None
     role: Role | None = None
     groups: tuple[str, ...] = ()
+    engine_roles: Mapping[str, Role] = field(default_factory=dict)  # per engine label
 
     @property
     def ok(self) -> bool:
@@ -74,7 +75,8 @@ class FleetState:
         self.restarts: dict[str, int] = {}
         self.scrape_failures_total: dict[str, int] = {}
         self._prev_poll: tuple[float, float] | None = None  # (monotonic, wall) of last poll
-        self.roles: dict[str, Role | None] = {}
+        self.roles: dict[str, Role | None] = {}  # endpoint -> role
+        self.engine_role: dict[str, Role | None] = {}
 
     def observe(self, scrapes: Sequence[ScrapeResult]) -> PollResult:
         """Fold one poll's scrapes into the state and reduce them."""
@@ -88,10 +90,13 @@ class FleetState:
                     self.scrape_failures_total.get(sc.endpoint, 0) + 1
                 )
                 continue
-            rows = [(f"{sc.endpoint}.{label}", snap, True) for label, snap in sc.exposition.items()]
+            rows = [
+                (f"{sc.endpoint}.{label}", snap, True, sc.engine_roles.get(label, sc.role))
+                for label, snap in sc.exposition.items()
+            ]
             if sc.exposition.endpoint is not None:
-                rows.append((sc.endpoint, sc.exposition.endpoint, False))
-            for engine_id, snap, is_engine in rows:
+                rows.append((sc.endpoint, sc.exposition.endpoint, False, sc.role))
+            for engine_id, snap, is_engine, role in rows:
                 interval = None
                 if engine_id not in self.baselines and self._prev_poll is not None:
                     start = snap.start_time
@@ -104,7 +109,8 @@ class FleetState:
                     self.restarts[engine_id] = self.restarts.get(engine_id, 0) + 1
                     log.warning("fleetscope: %s restarted; counting its series from 0", engine_id)
                 deltas[engine_id] = d
-                inputs.append(EngineInput(engine_id, d, sc.role, sc.groups, is_engine))
+                self.engine_role[engine_id] = role
+                inputs.append(EngineInput(engine_id, d, role, sc.groups, is_engine))
         kwargs = {"prefixes": self.prefixes} if self.prefixes else {}
         stats = reduce_poll(inputs, **kwargs)
         keys = poll_keys(stats, self.key_options)

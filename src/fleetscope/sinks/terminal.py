@@ -66,7 +66,7 @@ def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[Eng
         if not stats.is_engine[i]:
             continue
         m = stats.engine(eid)
-        role = roles.get(eid.rsplit(".", 1)[0])
+        role = roles.get(eid, roles.get(eid.rsplit(".", 1)[0]))
         status, sev = classify(m, role, True)
         rows.append(
             EngineRow(
@@ -123,6 +123,7 @@ class TerminalSink:
 
         if roles is None:
             roles = {sc.endpoint: sc.role for sc in result.scrapes}
+            roles.update({i.engine_id: i.role for i in result.inputs})
         rows = engine_rows(result, roles)
         self.last_rows = rows
         agg = result.stats.scopes.get("agg")
