@@ -83,6 +83,12 @@ def counter_increase(delta: EngineDelta | None, family: str) -> float | None:
     return None if math.isnan(v) else v
 
 
+def _kv_consumer(expo) -> bool:
+    return KV_CONSUMER_FAMILY in expo.types or any(
+        g.name == KV_CONSUMER_FAMILY for s in expo.values() for g in s.layout.gauges
+    )
+
+
 def _get(metrics: Mapping[str, float], name: str) -> float | None:
     v = metrics.get(name)
     return None if v is None or math.isnan(v) else v
@@ -409,11 +415,8 @@ class Collector:
             self._role_checked.add(ep.name)
             role = info.get("role") if info else None
             expo = scrapes[i].exposition
-            if role not in ("prefill", "decode") and expo is not None:
-                if KV_CONSUMER_FAMILY in expo.types or any(
-                    g.name == KV_CONSUMER_FAMILY for s in expo.values() for g in s.layout.gauges
-                ):
-                    role = "decode"
+            if role not in ("prefill", "decode") and expo is not None and _kv_consumer(expo):
+                role = "decode"
             if role in ("prefill", "decode"):
                 self.endpoints[i] = Endpoint(ep.url, ep.name, role, ep.headers, ep.groups)
                 sc = scrapes[i]

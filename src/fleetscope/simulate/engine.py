@@ -55,7 +55,6 @@ LAZY_SERIES_DONORS: dict[str, str] = {
     "vllm:prompt_tokens_cached_by_source_total": "device",
 }
 
-_STEP_GAUGES = tuple(f.name for f in FAMILIES if f.set_each_step)
 
 
 @dataclass
@@ -209,6 +208,7 @@ class SimEngine:
         self._waiting: deque[SimRequest] = deque()
         self._running: list[SimRequest] = []
         self.used_blocks = 0
+        self._step_acc = [0.0, 0.0, 0.0, 0.0]
         self._next_arrival = self._draw_next_arrival(self.now)
         self.has_stepped = False
         self.exported = Ledger(self.record_observations)
@@ -273,7 +273,8 @@ class SimEngine:
 
     def _add(self, family: str, amount: float, key: SeriesKey) -> None:
         if key not in self.exported.counters.get(family, ()):
-            self._note_created(family, key)
+            # a series created on first use (lazy): its _created is the simulated now
+            self.created[(family, key)] = self.endpoint.clock.wall_start + self.now
         self.exported.add(family, amount, key)
         self.truth.add(family, amount, key)
 
@@ -351,8 +352,22 @@ class SimEngine:
                 self._iterate()
         self.now = max(self.now, t_end)
         self._enqueue_arrivals(self.now)
+        self._flush_step()
         self.has_stepped = True
         self._update_gauges()
+
+    _STEP_COUNTERS = (
+        "vllm:generation_tokens_total",
+        "vllm:estimated_flops_per_gpu_total",
+        "vllm:estimated_read_bytes_per_gpu_total",
+        "vllm:estimated_write_bytes_per_gpu_total",
+    )
+
+    def _flush_step(self) -> None:
+        for family, amount in zip(self._STEP_COUNTERS, self._step_acc, strict=True):
+            if amount:
+                self._inc(family, amount)
+        self._step_acc = [0.0, 0.0, 0.0, 0.0]
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.load.block_size)
@@ -364,12 +379,14 @@ class SimEngine:
         running = self._running
         waiting = self._waiting
         # 1. KV blocks for this step's decode tokens; preempt (LIFO) when they do not fit.
+        bs = lp.block_size
         preempted = 0
         while running:
-            need = 0
-            for r in running:
-                need += max(0, self._blocks_for(r.prompt_len + r.generated + 1) - r.blocks)
-            if need <= self.total_blocks - self.used_blocks:
+            growing = [r for r in running if r.prompt_len + r.generated + 1 > r.blocks * bs]
+            if len(growing) <= self.total_blocks - self.used_blocks:
+                for r in growing:  # one more token needs at most one more block
+                    r.blocks += 1
+                self.used_blocks += len(growing)
                 break
             victim = running.pop()
             self.used_blocks -= victim.blocks
@@ -378,11 +395,6 @@ class SimEngine:
             victim.needs_recompute = True
             waiting.appendleft(victim)
             preempted += 1
-        for r in running:
-            nb = self._blocks_for(r.prompt_len + r.generated + 1)
-            if nb > r.blocks:
-                self.used_blocks += nb - r.blocks
-                r.blocks = nb
         decode_reqs = list(running)
         # 2. admit waiting requests (FIFO) within slots, token budget and free blocks.
         budget = lp.max_num_batched_tokens - len(decode_reqs)
@@ -445,19 +457,16 @@ class SimEngine:
             r.generated += 1
             r.last_token_at = t
             r.needs_recompute = False
-        self._inc("vllm:generation_tokens_total", n_seqs)
         for gap, times in gaps.items():
             self._observe("vllm:inter_token_latency_seconds", gap, times)
         step_tokens = prefill_tokens + n_seqs
         self._observe("vllm:iteration_tokens_total", step_tokens)
-        self._inc("vllm:estimated_flops_per_gpu_total", 2.0 * lp.model_params * step_tokens)
-        self._inc(
-            "vllm:estimated_read_bytes_per_gpu_total",
-            2.0 * lp.model_params + float(context_tokens * lp.kv_bytes_per_token),
-        )
-        self._inc(
-            "vllm:estimated_write_bytes_per_gpu_total", float(step_tokens * lp.kv_bytes_per_token)
-        )
+        # plain counters are summed over the step and recorded once at its end (_flush_step)
+        acc = self._step_acc
+        acc[0] += n_seqs
+        acc[1] += 2.0 * lp.model_params * step_tokens
+        acc[2] += 2.0 * lp.model_params + float(context_tokens * lp.kv_bytes_per_token)
+        acc[3] += float(step_tokens * lp.kv_bytes_per_token)
         # 5. finish requests.
         if any(r.generated >= r.end_at for r in running):
             still: list[SimRequest] = []

@@ -128,7 +128,7 @@ class Plan:
     """How to compute every per-engine metric of one layout, as column operations."""
 
     names: list[str]
-    kinds: list[str]  # value | rate | ratio | const
+    kinds: list[str]  # gauge | total | rate | ratio | const
     value_idx: np.ndarray
     value_starts: np.ndarray
     delta_idx: np.ndarray
@@ -177,8 +177,9 @@ class _PlanBuilder:
             self.delta_key[key] = j
         return j
 
-    def value(self, name: str, slots: Sequence[int]) -> None:
-        c = self._col(name, "value")
+    def value(self, name: str, slots: Sequence[int], kind: str = "gauge") -> None:
+        """A current value: ``gauge``, or ``total`` for cumulative counters and sums."""
+        c = self._col(name, kind)
         if c is not None:
             self.value_groups.append((c, list(slots)))
 
@@ -270,10 +271,10 @@ def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
     for fam, children in counters_by_family.items():
         name = fam + "_total"
         if len(children) > 1 or children[0].labels:
-            b.value(name, [c.slot for c in children])
+            b.value(name, [c.slot for c in children], "total")
             b.rate(name + ":rate", [c.slot for c in children])
         for c in children:
-            b.value(name + label_suffix(c.labels), [c.slot])
+            b.value(name + label_suffix(c.labels), [c.slot], "total")
             b.rate(name + label_suffix(c.labels) + ":rate", [c.slot])
 
     for h in layout.histograms:
@@ -281,9 +282,9 @@ def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
             continue
         name = metric_name(h.name, prefixes) + label_suffix(h.labels)
         if h.sum >= 0:
-            b.value(name + "_sum", [h.sum])
+            b.value(name + "_sum", [h.sum], "total")
         if h.count >= 0:
-            b.value(name + "_count", [h.count])
+            b.value(name + "_count", [h.count], "total")
             b.rate(name + ":rate", [h.count])
             if h.sum >= 0:
                 b.ratio(name + ":mean", [h.sum], [h.count])
@@ -404,6 +405,7 @@ class PollStats:
     scopes: dict[str, ScopeStats]
     is_engine: np.ndarray  # False for endpoint-level rows (API-server counters)
     seconds: np.ndarray
+    kinds: dict[str, str] = field(default_factory=dict)  # column -> gauge|total|rate|ratio|const
     # per-row delta sums behind the pooled ratios, for windows and the run summary
     extras: dict[str, object] = field(default_factory=dict)
 
@@ -514,6 +516,7 @@ def reduce_poll(
         scopes=scopes,
         is_engine=is_engine,
         seconds=seconds,
+        kinds=kinds,
     )
 
 
