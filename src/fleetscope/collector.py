@@ -20,6 +20,7 @@ from typing import Protocol
 
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.fleet import FleetState, PollResult, ScrapeResult
+from fleetscope.health import HealthMonitor, HealthThresholds, health_keys
 from fleetscope.keys import KeyOptions, Schema, interval_keys, skyrl_interval_keys
 from fleetscope.sinks.base import Sink
 from fleetscope.sources.http import Endpoint, HttpSource, name_endpoints
@@ -124,6 +125,7 @@ class Collector:
         key_budget: int | None = None,
         fetch_model_info: bool = True,
         discover_roles: bool = True,
+        health_thresholds: HealthThresholds | None = None,
     ):
         if interval <= 0:
             raise ValueError("interval must be positive")
@@ -147,6 +149,7 @@ class Collector:
         opts = KeyOptions(schema=schema, **({"key_budget": key_budget} if key_budget else {}))
         self.state = FleetState(key_options=opts)
         self.windows = WindowSet()
+        self.health = HealthMonitor(health_thresholds or HealthThresholds())
         self.run_status = "running"
         self._summary_published = False
         self.fetch_model_info = fetch_model_info
@@ -388,6 +391,14 @@ class Collector:
                 now=result.time,
                 failed_scrapes=sum(1 for sc in scrapes if not sc.ok),
             )
+            roles = {i.engine_id: i.role for i in result.inputs}
+            result.events = self.health.evaluate(result, roles)
+            prefix = self.state.key_options.prefix or (
+                "vllm" if self.state.key_options.schema == "skyrl" else "inference"
+            )
+            result.keys.update(health_keys(result.events, prefix))
+            for ev in result.events:
+                self._warner.warn(f"health:{ev.condition}:{ev.subject}", f"health: {ev.message}")
             view = self._view(result)
             self.last = view
             if self.sinks:
@@ -492,6 +503,9 @@ class Collector:
                     log_poll(result)
                 else:
                     sink.log(result.keys, step=result.step, wall_time=result.wall_time)
+                log_events = getattr(sink, "log_events", None)
+                if log_events is not None and result.events:
+                    log_events(result.events)
             except Exception as e:
                 self._warner.warn(f"sink:{type(sink).__name__}", f"sink {sink!r} failed: {e!r}")
 

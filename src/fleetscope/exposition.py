@@ -38,7 +38,9 @@ from fleetscope.snapshot import (
     format_series,
 )
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+# SPEC 2: a 50 MB body is bad input. Real bodies are ~50-70 kB (vLLM) to ~0.5 MB (a Ray
+# node agent); 16 MiB leaves room for large fleets behind one endpoint.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 class ExpositionError(ValueError):
@@ -313,6 +315,11 @@ class Parser:
         # NaN in a cumulative series fails the scrape (the full parser names the line); a NaN
         # gauge stays NaN through the sum below, which the statistics read as "missing"
         if np.isnan(arr[tpl.strict_nan]).any():
+            return None
+        # a series line written twice in place of another leaves that other one unfilled
+        # (None converts to NaN): a duplicate series, which the full parser reports
+        nan_at = np.flatnonzero(np.isnan(arr))
+        if len(nan_at) and any(vals[i] is None for i in nan_at.tolist()):
             return None
         slots = np.bincount(tpl.slot_of_ordinal, weights=arr, minlength=tpl.n_slots + 1)
         pstart = float(slots[tpl.process_start_slot]) if tpl.process_start_slot >= 0 else None

@@ -55,6 +55,7 @@ class PollResult:
     wall_time: float = 0.0
     time: float = 0.0  # monotonic time of the latest response in this poll
     inputs: list[EngineInput] = field(default_factory=list)
+    events: list = field(default_factory=list)  # health events (fleetscope.health.HealthEvent)
 
 
 class FleetState:
@@ -104,7 +105,8 @@ class FleetState:
                     if start is not None and start > prev_wall + self.clock_skew:
                         interval = max(snap.time - prev_mono, 0.0)
                 d = self.baselines.advance(engine_id, snap, new_engine_interval=interval)
-                if d.restarted and not d.baseline_only and interval is None:
+                # the endpoint's engine-less row restarts with its engines: count engines only
+                if d.restarted and not d.baseline_only and interval is None and is_engine:
                     restarts.append(engine_id)
                     self.restarts[engine_id] = self.restarts.get(engine_id, 0) + 1
                     log.warning("fleetscope: %s restarted; counting its series from 0", engine_id)

@@ -41,33 +41,38 @@ def _f(m: Mapping[str, float], k: str) -> float | None:
     return None if v is None or math.isnan(v) else v
 
 
-def classify(m: Mapping[str, float], role: str | None, reporting: bool) -> tuple[str, int]:
-    """A one-word health status for one engine's metrics."""
-    if not reporting:
-        return "NO DATA", 2
-    running = _f(m, "num_requests_running") or 0.0
-    gen = _f(m, "generation_tokens_total:rate")
-    if role != "prefill" and running > 0 and gen is not None and gen == 0:
-        return "STALLED", 2
-    kv = _f(m, "kv_cache_usage_perc")
-    if kv is not None and kv >= KV_FULL:
-        return "KV FULL", 1
-    if (_f(m, "num_preemptions_total:rate") or 0) > 0:
-        return "PREEMPTING", 1
-    if (_f(m, "num_requests_waiting") or 0) > max(running, 1.0):
-        return "QUEUEING", 1
-    return "OK", 0
+# health condition -> (status shown, severity)
+STATUS: dict[str, tuple[str, int]] = {
+    "generation_stalled": ("STALLED", 2),
+    "engine_outlier": ("SLOW", 2),
+    "kv_cache_near_full": ("KV FULL", 1),
+    "preemption_burst": ("PREEMPTING", 1),
+    "queue_growing": ("QUEUEING", 1),
+}
+
+
+def status_of(conditions: list[str]) -> tuple[str, int]:
+    """The worst of an engine's health conditions (see fleetscope.health), or OK."""
+    worst = ("OK", 0)
+    for c in conditions:
+        st = STATUS.get(c)
+        if st is not None and st[1] > worst[1]:
+            worst = st
+    return worst
 
 
 def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[EngineRow]:
     stats = result.stats
     rows: list[EngineRow] = []
+    conditions: dict[str, list[str]] = {}
+    for ev in getattr(result, "events", []):
+        conditions.setdefault(ev.subject, []).append(ev.condition)
     for i, eid in enumerate(stats.engine_ids):
         if not stats.is_engine[i]:
             continue
         m = stats.engine(eid)
         role = roles.get(eid, roles.get(eid.rsplit(".", 1)[0]))
-        status, sev = classify(m, role, True)
+        status, sev = status_of(conditions.get(eid, []))
         rows.append(
             EngineRow(
                 eid,
@@ -180,7 +185,11 @@ class TerminalSink:
             )
         if len(rows) > self.max_rows:
             table.caption = f"{len(rows) - self.max_rows} more engines"
-        return Group(head, table)
+        events = [
+            Text(f"  ! {e.condition}: {e.message}", style="bold red")
+            for e in getattr(result, "events", [])[:8]
+        ]
+        return Group(head, table, *events)
 
     def log_poll(self, result: PollResult) -> None:
         renderable = self.render(result)

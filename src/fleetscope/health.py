@@ -1,0 +1,168 @@
+"""Fleet health signals: named conditions, each with the engine (or endpoint) that triggers it.
+
+Evaluated on every poll's per-engine metrics, with thresholds you can set. Conditions:
+
+* ``generation_stalled`` — requests running and no token generated for ``stall_seconds``
+  (not prefill engines);
+* ``kv_cache_near_full`` — KV usage at or above ``kv_full``;
+* ``queue_growing`` — the waiting queue grew for ``queue_polls`` polls in a row and exceeds
+  the running batch;
+* ``preemption_burst`` — at least ``preemption_burst`` preemptions in one poll;
+* ``engine_outlier`` — generation rate below ``outlier_fraction`` of its role's median for
+  ``outlier_polls`` polls in a row (needs >= 3 engines in the role);
+* ``scrape_failed`` — the endpoint did not answer with a valid exposition.
+
+Pure logic with a little memory (streaks); the collector logs the counts as metrics
+(``inference/health/{condition}``) and the events as rate-limited warnings and sink events.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from fleetscope.fleet import PollResult
+
+CONDITIONS: tuple[str, ...] = (
+    "generation_stalled",
+    "kv_cache_near_full",
+    "queue_growing",
+    "preemption_burst",
+    "engine_outlier",
+    "scrape_failed",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthThresholds:
+    kv_full: float = 0.95
+    queue_polls: int = 4
+    preemption_burst: float = 10.0
+    outlier_fraction: float = 0.25
+    outlier_polls: int = 2
+    outlier_min_median: float = 1.0  # tokens/s: below this the role is simply idle
+    stall_seconds: float = 3.0  # no token for this long while requests run
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    condition: str
+    subject: str  # engine id, or endpoint name for scrape failures
+    value: float | None
+    message: str
+
+
+@dataclass
+class HealthMonitor:
+    thresholds: HealthThresholds = field(default_factory=HealthThresholds)
+    _queue: dict[str, tuple[float, int]] = field(default_factory=dict)  # last waiting, streak
+    _outlier: dict[str, int] = field(default_factory=dict)
+    _stall: dict[str, float] = field(default_factory=dict)  # seconds without a token
+
+    def evaluate(self, result: PollResult, roles: Mapping[str, str | None]) -> list[HealthEvent]:
+        t = self.thresholds
+        stats = result.stats
+        events: list[HealthEvent] = []
+        per_engine: dict[str, dict[str, float]] = {}
+        for i, eid in enumerate(stats.engine_ids):
+            if stats.is_engine[i]:
+                per_engine[eid] = stats.engine(eid)
+        by_role: dict[str | None, list[tuple[str, float]]] = {}
+        for eid, m in per_engine.items():
+            role = roles.get(eid)
+            d = result.deltas.get(eid)
+            fresh = d is not None and not d.baseline_only
+            running = m.get("num_requests_running")
+            gen = m.get("generation_tokens_total:rate")
+            if (
+                fresh
+                and role != "prefill"
+                and running is not None
+                and running > 0
+                and gen is not None
+                and gen == 0
+            ):
+                # two polls close together can both see no new token: judge over seconds
+                stalled = self._stall.get(eid, 0.0) + d.seconds
+                self._stall[eid] = stalled
+                if stalled >= t.stall_seconds:
+                    events.append(
+                        HealthEvent(
+                            "generation_stalled",
+                            eid,
+                            running,
+                            f"{eid}: {running:.0f} requests running, no token for {stalled:.0f} s",
+                        )
+                    )
+            elif fresh:
+                self._stall.pop(eid, None)
+            kv = m.get("kv_cache_usage_perc")
+            if kv is not None and kv >= t.kv_full:
+                events.append(
+                    HealthEvent("kv_cache_near_full", eid, kv, f"{eid}: KV cache {kv:.0%} full")
+                )
+            waiting = m.get("num_requests_waiting")
+            if waiting is not None:
+                last, streak = self._queue.get(eid, (math.inf, 0))
+                streak = streak + 1 if waiting > last else 0
+                self._queue[eid] = (waiting, streak)
+                if streak >= t.queue_polls and waiting > (running or 0):
+                    events.append(
+                        HealthEvent(
+                            "queue_growing",
+                            eid,
+                            waiting,
+                            f"{eid}: waiting queue grew {streak} polls in a row to {waiting:.0f}",
+                        )
+                    )
+            pre = m.get("num_preemptions_total:rate")
+            if pre is not None and d is not None and d.seconds > 0:
+                burst = pre * d.seconds
+                if burst >= t.preemption_burst:
+                    events.append(
+                        HealthEvent(
+                            "preemption_burst",
+                            eid,
+                            burst,
+                            f"{eid}: {burst:.0f} preemptions in one poll",
+                        )
+                    )
+            if fresh and gen is not None:
+                by_role.setdefault(role, []).append((eid, gen))
+        for role, rows in by_role.items():
+            if role == "prefill" or len(rows) < 3:
+                continue
+            med = statistics.median(v for _, v in rows)
+            if med < t.outlier_min_median:
+                continue
+            for eid, v in rows:
+                if v < t.outlier_fraction * med:
+                    n = self._outlier.get(eid, 0) + 1
+                    self._outlier[eid] = n
+                    if n >= t.outlier_polls:
+                        events.append(
+                            HealthEvent(
+                                "engine_outlier",
+                                eid,
+                                v,
+                                f"{eid}: {v:.1f} tok/s, far below its role's median {med:.1f}",
+                            )
+                        )
+                else:
+                    self._outlier.pop(eid, None)
+        for sc in result.scrapes:
+            if not sc.ok:
+                events.append(
+                    HealthEvent("scrape_failed", sc.endpoint, None, f"{sc.endpoint}: {sc.error}")
+                )
+        return events
+
+
+def health_keys(events: list[HealthEvent], prefix: str = "inference") -> dict[str, float]:
+    """Per poll: how many engines are in each condition (0 when none, so charts show it)."""
+    counts = dict.fromkeys(CONDITIONS, 0.0)
+    for e in events:
+        counts[e.condition] += 1
+    return {f"{prefix}/health/{c}": v for c, v in counts.items()}
