@@ -406,6 +406,7 @@ class PollStats:
     is_engine: np.ndarray  # False for endpoint-level rows (API-server counters)
     seconds: np.ndarray
     kinds: dict[str, str] = field(default_factory=dict)  # column -> gauge|total|rate|ratio|const
+    roles: list[Role | None] = field(default_factory=list)  # per row, for role-aware tails
     # per-row delta sums behind the pooled ratios, for windows and the run summary
     extras: dict[str, object] = field(default_factory=dict)
 
@@ -427,17 +428,54 @@ class EngineInput:
     is_engine: bool = True
 
 
-def reduce_poll(
+@dataclass
+class Partial:
+    """A mergeable part of one poll's reduction (one shard of the fleet, or all of it).
+
+    Per-engine rows (metrics, the increases behind rates, ratio numerators/denominators) and,
+    per scope, histogram bucket deltas already summed per bucket layout. Merging parts and
+    finishing gives exactly what reducing all engines at once gives.
+    """
+
+    engine_ids: list[str]
+    roles: list[Role | None]
+    groups: list[tuple[str, ...]]
+    is_engine: np.ndarray
+    seconds: np.ndarray
+    columns: list[str]
+    kinds: dict[str, str]
+    matrix: np.ndarray
+    rate_delta: np.ndarray
+    ratio_num: np.ndarray
+    ratio_den: np.ndarray
+    # scope -> histogram -> [(bounds, summed bucket deltas)], one item per layout and part
+    hist_sums: dict[str, dict[str, list[tuple[tuple[float, ...], np.ndarray]]]]
+    scope_names: list[str]
+
+
+def _scope_masks(
+    roles: Sequence[Role | None], groups: Sequence[tuple[str, ...]], extra: Iterable[str]
+) -> dict[str, np.ndarray]:
+    n = len(roles)
+    masks: dict[str, np.ndarray] = {"agg": np.ones(n, dtype=bool)}
+    for role in ("prefill", "decode"):
+        if role in roles:
+            masks[role] = np.array([r == role for r in roles], dtype=bool)
+    for name in extra:
+        masks.setdefault(name, np.zeros(n, dtype=bool))
+    for i, gs in enumerate(groups):
+        for g in gs:
+            masks.setdefault(g, np.zeros(n, dtype=bool))[i] = True
+    return masks
+
+
+def partial_reduce(
     inputs: Sequence[EngineInput],
     *,
     prefixes: Sequence[str] = DEFAULT_LOGGED_PREFIXES,
     extra_scopes: Iterable[str] = (),
-) -> PollStats:
-    """Reduce one poll's engine deltas into per-engine metrics and scope statistics.
-
-    Scopes: ``agg`` (everything), ``prefill`` / ``decode`` when any input has that role, and
-    every name in an input's ``groups`` (user-defined scopes, e.g. per model).
-    """
+) -> Partial:
+    """The per-engine half of a reduction (see :class:`Partial`)."""
     n = len(inputs)
     # group rows by plan (= layout) so identical engines are computed together
     by_plan: dict[int, tuple[Plan, list[int]]] = {}
@@ -446,12 +484,13 @@ def reduce_poll(
         by_plan.setdefault(id(plan), (plan, []))[1].append(i)
 
     columns: dict[str, int] = {}
+    kinds: dict[str, str] = {}
     for plan, _rows in by_plan.values():
-        for name in plan.names:
+        for name, kind in zip(plan.names, plan.kinds, strict=True):
             columns.setdefault(name, len(columns))
+            kinds.setdefault(name, kind)
     matrix = np.full((n, len(columns)), np.nan)
     seconds = np.array([inp.delta.seconds for inp in inputs], dtype=float)
-    # pooled ratio parts: column -> (num per row, den per row)
     rate_delta = np.full((n, len(columns)), np.nan)  # the increase behind each `:rate`
     ratio_num = np.full((n, len(columns)), np.nan)
     ratio_den = np.full((n, len(columns)), np.nan)
@@ -467,57 +506,133 @@ def reduce_poll(
             rate_delta[np.ix_(rows, cols[plan.rate_cols])] = dcols[:, plan.rate_src]
         if len(plan.ratio_cols):
             rc = cols[plan.ratio_cols]
-            num = plan.ratio_scale * dcols[:, plan.ratio_num]
-            den = dcols[:, plan.ratio_den]
-            ratio_num[np.ix_(rows, rc)] = num
-            ratio_den[np.ix_(rows, rc)] = den
+            ratio_num[np.ix_(rows, rc)] = plan.ratio_scale * dcols[:, plan.ratio_num]
+            ratio_den[np.ix_(rows, rc)] = dcols[:, plan.ratio_den]
         for h in plan.histograms:
             hist_parts.setdefault(h.name, []).append((h.bounds, deltas[:, h.buckets], rows))
 
-    is_engine = np.array([inp.is_engine for inp in inputs], dtype=bool)
     roles = [inp.role for inp in inputs]
-    masks: dict[str, np.ndarray] = {"agg": np.ones(n, dtype=bool)}
-    for role in ("prefill", "decode"):
-        if role in roles:
-            masks[role] = np.array([r == role for r in roles], dtype=bool)
-    for name in extra_scopes:
-        masks.setdefault(name, np.zeros(n, dtype=bool))
-    for i, inp in enumerate(inputs):
-        for g in inp.groups:
-            masks.setdefault(g, np.zeros(n, dtype=bool))[i] = True
+    groups = [tuple(inp.groups) for inp in inputs]
+    extra = list(extra_scopes)
+    masks = _scope_masks(roles, groups, extra)
+    hist_sums: dict[str, dict[str, list[tuple[tuple[float, ...], np.ndarray]]]] = {}
+    for scope, mask in masks.items():
+        per_scope = hist_sums.setdefault(scope, {})
+        for name, parts in hist_parts.items():
+            for bounds, bdeltas, rows in parts:
+                sel = mask[rows]
+                if not sel.any():
+                    continue
+                block = bdeltas[sel]
+                known = ~np.isnan(block).all(axis=1)  # engines with a delta (not baseline-only)
+                if known.any():
+                    per_scope.setdefault(name, []).append((bounds, block[known].sum(axis=0)))
+    return Partial(
+        engine_ids=[inp.engine_id for inp in inputs],
+        roles=roles,
+        groups=groups,
+        is_engine=np.array([inp.is_engine for inp in inputs], dtype=bool),
+        seconds=seconds,
+        columns=list(columns),
+        kinds=kinds,
+        matrix=matrix,
+        rate_delta=rate_delta,
+        ratio_num=ratio_num,
+        ratio_den=ratio_den,
+        hist_sums=hist_sums,
+        scope_names=extra,
+    )
 
-    names = list(columns)
-    kinds = {}
-    for plan, _rows in by_plan.values():
-        for nm, k in zip(plan.names, plan.kinds, strict=True):
-            kinds.setdefault(nm, k)
-    prefill_rows = np.array([r == "prefill" for r in roles], dtype=bool)
+
+def merge_partials(parts: Sequence[Partial]) -> Partial:
+    """Concatenate parts (in order: rows keep the order of the parts)."""
+    if len(parts) == 1:
+        return parts[0]
+    columns: dict[str, int] = {}
+    kinds: dict[str, str] = {}
+    for p in parts:
+        for c in p.columns:
+            columns.setdefault(c, len(columns))
+            kinds.setdefault(c, p.kinds[c])
+    n = sum(len(p.engine_ids) for p in parts)
+    k = len(columns)
+    mats = {f: np.full((n, k), np.nan) for f in ("matrix", "rate_delta", "ratio_num", "ratio_den")}
+    row = 0
+    for p in parts:
+        cols = np.array([columns[c] for c in p.columns], dtype=np.intp)
+        rows = np.arange(row, row + len(p.engine_ids))
+        for f, m in mats.items():
+            m[np.ix_(rows, cols)] = getattr(p, f)
+        row += len(p.engine_ids)
+    hist_sums: dict[str, dict[str, list]] = {}
+    for p in parts:
+        for scope, per in p.hist_sums.items():
+            dst = hist_sums.setdefault(scope, {})
+            for name, items in per.items():
+                dst.setdefault(name, []).extend(items)
+    scope_names: list[str] = []
+    for p in parts:
+        scope_names += [s for s in p.scope_names if s not in scope_names]
+    return Partial(
+        engine_ids=[e for p in parts for e in p.engine_ids],
+        roles=[r for p in parts for r in p.roles],
+        groups=[g for p in parts for g in p.groups],
+        is_engine=np.concatenate([p.is_engine for p in parts]),
+        seconds=np.concatenate([p.seconds for p in parts]),
+        columns=list(columns),
+        kinds=kinds,
+        hist_sums=hist_sums,
+        scope_names=scope_names,
+        **mats,
+    )
+
+
+def finish_reduce(part: Partial) -> PollStats:
+    """The cross-engine half: scope statistics from (merged) parts."""
+    masks = _scope_masks(part.roles, part.groups, part.scope_names)
+    names = part.columns
+    prefill_rows = np.array([r == "prefill" for r in part.roles], dtype=bool)
     decode_only = np.array([nm in DECODE_ONLY_METRICS for nm in names], dtype=bool)
-
     scopes: dict[str, ScopeStats] = {}
     for scope, mask in masks.items():
+        mixed = (mask & prefill_rows).any() and (mask & ~prefill_rows).any()
         scopes[scope] = _reduce_scope(
             mask,
-            is_engine,
-            matrix,
+            part.is_engine,
+            part.matrix,
             names,
-            kinds,
-            rate_delta,
-            ratio_num,
-            ratio_den,
-            hist_parts,
-            prefill_rows if (mask & prefill_rows).any() and (mask & ~prefill_rows).any() else None,
+            part.kinds,
+            part.rate_delta,
+            part.ratio_num,
+            part.ratio_den,
+            part.hist_sums.get(scope, {}),
+            prefill_rows if mixed else None,
             decode_only,
         )
     return PollStats(
-        engine_ids=[inp.engine_id for inp in inputs],
+        engine_ids=part.engine_ids,
         columns=names,
-        matrix=matrix,
+        matrix=part.matrix,
         scopes=scopes,
-        is_engine=is_engine,
-        seconds=seconds,
-        kinds=kinds,
+        is_engine=part.is_engine,
+        seconds=part.seconds,
+        kinds=part.kinds,
+        roles=part.roles,
     )
+
+
+def reduce_poll(
+    inputs: Sequence[EngineInput],
+    *,
+    prefixes: Sequence[str] = DEFAULT_LOGGED_PREFIXES,
+    extra_scopes: Iterable[str] = (),
+) -> PollStats:
+    """Reduce one poll's engine deltas into per-engine metrics and scope statistics.
+
+    Scopes: ``agg`` (everything), ``prefill`` / ``decode`` when any input has that role, and
+    every name in an input's ``groups`` (user-defined scopes, e.g. per model).
+    """
+    return finish_reduce(partial_reduce(inputs, prefixes=prefixes, extra_scopes=extra_scopes))
 
 
 def _column_stats(sub: np.ndarray) -> dict[str, np.ndarray]:
@@ -547,7 +662,7 @@ def _reduce_scope(
     rate_delta: np.ndarray,
     ratio_num: np.ndarray,
     ratio_den: np.ndarray,
-    hist_parts: Mapping[str, list[tuple[tuple[float, ...], np.ndarray, list[int]]]],
+    hist_sums: Mapping[str, list[tuple[tuple[float, ...], np.ndarray]]],
     prefill_rows: np.ndarray | None,
     decode_only: np.ndarray,
 ) -> ScopeStats:
@@ -586,19 +701,7 @@ def _reduce_scope(
                 m["pooled"] = float(pooled[j] + offset)
         if m:
             metrics.setdefault(name, {}).update(m)
-    rows_in_scope = np.flatnonzero(mask)
-    in_scope = set(rows_in_scope.tolist())
-    for name, parts in hist_parts.items():
-        pooled_parts = []
-        for bounds, bdeltas, rows in parts:
-            sel = [k for k, r in enumerate(rows) if r in in_scope]
-            if not sel:
-                continue
-            block = bdeltas[sel]
-            known = ~np.isnan(block).all(axis=1)  # engines with a delta (not baseline-only)
-            if not known.any():
-                continue
-            pooled_parts.append((bounds, block[known].sum(axis=0)))
+    for name, pooled_parts in hist_sums.items():
         if not pooled_parts:
             continue
         b, c = pool_buckets(pooled_parts)
