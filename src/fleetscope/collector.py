@@ -368,30 +368,38 @@ class Collector:
             k = max(k + 1, math.floor((time.monotonic() - start) / self.interval) + 1)
             await asyncio.sleep(max(0.0, start + k * self.interval - time.monotonic()))
 
+    async def _collect(self) -> PollResult:
+        """Scrape every endpoint once and reduce (the part a sharded collector replaces)."""
+        scrapes = await self.source.scrape_all(self.endpoints) if self.endpoints else []
+        if self.discover_roles:
+            scrapes = await self._discover_roles(scrapes)
+        if self.extra_source is not None:
+            scrapes += await self.extra_source.scrape_all()
+        if self.fetch_model_info:
+            # direct endpoints only: a source's scrapes (Ray agents) come after them
+            direct = scrapes[: len(self.endpoints)]
+            need = [
+                e
+                for e, s in zip(self.endpoints, direct, strict=True)
+                if s.ok and self.source.max_model_len.get(e.name) is None
+            ]
+            if need:
+                await asyncio.gather(*(self.source.fetch_max_model_len(e) for e in need))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.source._pool, self.state.observe, scrapes)
+
     async def poll(self) -> FleetView:
         """Scrape every endpoint once, reduce, log to the sinks; returns the fleet view."""
         async with self._poll_lock:
-            scrapes = await self.source.scrape_all(self.endpoints) if self.endpoints else []
-            if self.discover_roles:
-                scrapes = await self._discover_roles(scrapes)
-            if self.extra_source is not None:
-                scrapes += await self.extra_source.scrape_all()
-            if self.fetch_model_info:
-                need = [
-                    e
-                    for e, s in zip(self.endpoints, scrapes, strict=True)
-                    if s.ok and self.source.max_model_len.get(e.name) is None
-                ]
-                if need:
-                    await asyncio.gather(*(self.source.fetch_max_model_len(e) for e in need))
             loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self.source._pool, self.state.observe, scrapes)
+            result = await self._collect()
+            scrapes = result.scrapes
             self.windows.attribute(
                 result.inputs,
                 now=result.time,
                 failed_scrapes=sum(1 for sc in scrapes if not sc.ok),
             )
-            roles = {i.engine_id: i.role for i in result.inputs}
+            roles = {i.engine_id: i.role for i in result.inputs} or dict(self.state.engine_role)
             result.events = self.health.evaluate(result, roles)
             prefix = self.state.key_options.prefix or (
                 "vllm" if self.state.key_options.schema == "skyrl" else "inference"

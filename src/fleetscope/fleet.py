@@ -12,10 +12,19 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleetscope._warn import RateLimitedWarner
 from fleetscope.exposition import Exposition
 from fleetscope.keys import KeyOptions, poll_keys
 from fleetscope.stats.deltas import Baselines, EngineDelta
-from fleetscope.stats.reduce import EngineInput, PollStats, Role, reduce_poll
+from fleetscope.stats.reduce import (
+    EngineInput,
+    Partial,
+    PollStats,
+    Role,
+    finish_reduce,
+    merge_partials,
+    partial_reduce,
+)
 
 log = logging.getLogger("fleetscope")
 
@@ -78,18 +87,31 @@ class FleetState:
         self._prev_poll: tuple[float, float] | None = None  # (monotonic, wall) of last poll
         self.roles: dict[str, Role | None] = {}  # endpoint -> role
         self.engine_role: dict[str, Role | None] = {}
+        # a crash-looping engine is counted every time, but warned about once per interval
+        self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
 
     def observe(self, scrapes: Sequence[ScrapeResult]) -> PollResult:
         """Fold one poll's scrapes into the state and reduce them."""
+        inputs, deltas, restarts = self.fold(scrapes)
+        kwargs = {"prefixes": self.prefixes} if self.prefixes else {}
+        return self.finish(
+            [partial_reduce(inputs, **kwargs)],
+            scrapes,
+            inputs=inputs,
+            deltas=deltas,
+            restarts=restarts,
+        )
+
+    def fold(
+        self, scrapes: Sequence[ScrapeResult]
+    ) -> tuple[list[EngineInput], dict[str, EngineDelta], list[str]]:
+        """Per-engine deltas of one poll (the baselines advance); nothing is reduced yet."""
         inputs: list[EngineInput] = []
         deltas: dict[str, EngineDelta] = {}
         restarts: list[str] = []
         for sc in scrapes:
             self.roles[sc.endpoint] = sc.role
             if sc.exposition is None:
-                self.scrape_failures_total[sc.endpoint] = (
-                    self.scrape_failures_total.get(sc.endpoint, 0) + 1
-                )
                 continue
             rows = [
                 (f"{sc.endpoint}.{label}", snap, True, sc.engine_roles.get(label, sc.role))
@@ -109,27 +131,46 @@ class FleetState:
                 if d.restarted and not d.baseline_only and interval is None and is_engine:
                     restarts.append(engine_id)
                     self.restarts[engine_id] = self.restarts.get(engine_id, 0) + 1
-                    log.warning("fleetscope: %s restarted; counting its series from 0", engine_id)
+                    self._warner.warn(
+                        f"restart:{engine_id}", f"{engine_id} restarted; counting its series from 0"
+                    )
                 deltas[engine_id] = d
                 self.engine_role[engine_id] = role
                 inputs.append(EngineInput(engine_id, d, role, sc.groups, is_engine))
-        kwargs = {"prefixes": self.prefixes} if self.prefixes else {}
-        stats = reduce_poll(inputs, **kwargs)
-        keys = poll_keys(stats, self.key_options)
-        keys.update(self._health_keys(scrapes, stats))
         ok = [sc for sc in scrapes if sc.ok]
         if ok:
             self._prev_poll = (max(sc.time for sc in ok), max(sc.wall_time for sc in ok))
+        return inputs, deltas, restarts
+
+    def finish(
+        self,
+        partials: Sequence[Partial],
+        scrapes: Sequence[ScrapeResult],
+        *,
+        inputs: list[EngineInput] | None = None,
+        deltas: dict[str, EngineDelta] | None = None,
+        restarts: Sequence[str] = (),
+    ) -> PollResult:
+        """Merge reduced parts (one, or one per shard) into this poll's statistics and keys."""
+        for sc in scrapes:
+            self.roles[sc.endpoint] = sc.role
+            if not sc.ok:
+                self.scrape_failures_total[sc.endpoint] = (
+                    self.scrape_failures_total.get(sc.endpoint, 0) + 1
+                )
+        stats = finish_reduce(merge_partials(partials))
+        keys = poll_keys(stats, self.key_options)
+        keys.update(self._health_keys(scrapes, stats))
         result = PollResult(
             step=self.step,
             stats=stats,
             keys=keys,
-            deltas=deltas,
+            deltas=deltas or {},
             scrapes=list(scrapes),
-            restarts=restarts,
+            restarts=list(restarts),
             wall_time=max((sc.wall_time for sc in scrapes), default=0.0),
             time=max((sc.time for sc in scrapes), default=0.0),
-            inputs=inputs,
+            inputs=inputs or [],
         )
         self.step += 1
         return result

@@ -70,10 +70,11 @@ class HealthMonitor:
             if stats.is_engine[i]:
                 per_engine[eid] = stats.engine(eid)
         by_role: dict[str | None, list[tuple[str, float]]] = {}
+        seconds = dict(zip(stats.engine_ids, stats.seconds.tolist(), strict=True))
         for eid, m in per_engine.items():
             role = roles.get(eid)
-            d = result.deltas.get(eid)
-            fresh = d is not None and not d.baseline_only
+            interval = seconds.get(eid, 0.0)  # 0 for a baseline-only first observation
+            fresh = interval > 0
             running = m.get("num_requests_running")
             gen = m.get("generation_tokens_total:rate")
             if (
@@ -85,7 +86,7 @@ class HealthMonitor:
                 and gen == 0
             ):
                 # two polls close together can both see no new token: judge over seconds
-                stalled = self._stall.get(eid, 0.0) + d.seconds
+                stalled = self._stall.get(eid, 0.0) + interval
                 self._stall[eid] = stalled
                 if stalled >= t.stall_seconds:
                     events.append(
@@ -118,8 +119,8 @@ class HealthMonitor:
                         )
                     )
             pre = m.get("num_preemptions_total:rate")
-            if pre is not None and d is not None and d.seconds > 0:
-                burst = pre * d.seconds
+            if pre is not None and fresh:
+                burst = pre * interval
                 if burst >= t.preemption_burst:
                     events.append(
                         HealthEvent(
