@@ -16,14 +16,17 @@ The model is simple but keeps every relation a real engine's metrics obey:
   ``p2p``) after ``kv_transfer_seconds`` (counted as ``deferred`` waiting meanwhile); a
   ``prefill`` engine serves requests with ``max_tokens=1`` (one generation token, ``length``).
 
-Counters obey what vLLM guarantees: ``prompt_tokens == prefix_cache_queries == sum(
-prompt_tokens_by_source)``, ``prompt_tokens_cached == sum(prompt_tokens_cached_by_source) ==
-prefix_cache_hits + external_prefix_cache_hits``, ``request_prompt_tokens_sum == prompt_tokens``
-(over finished requests), ``inter_token_latency_seconds_count == generation_tokens - first
-tokens``, ``inter_token_latency_seconds_sum == request_decode_time_seconds_sum`` (up to float
-rounding), ``iteration_tokens_total_sum == computed prefill tokens + generation tokens``.
+Counters obey what vLLM guarantees: ``prompt_tokens == prefix_cache_queries ==
+sum(prompt_tokens_by_source)``, ``prompt_tokens_cached == sum(prompt_tokens_cached_by_source) ==
+prefix_cache_hits + external_prefix_cache_hits``, ``request_success`` (all reasons) ==
+``_count`` of every per-request histogram, ``inter_token_latency_seconds_count ==
+generation_tokens - time_to_first_token_seconds_count``, and without preemptions
+``iteration_tokens_total_sum == prompt_tokens_by_source{local_compute} + generation_tokens``.
 Simplification: tokens recomputed after a preemption count in ``iteration_tokens_total`` but are
 not queried against the prefix cache again.
+
+Runs of identical decode-only iterations are computed in one go (``_fused_decode``) with exactly
+the results of iterating one by one, which keeps 256 simulated engines cheap.
 
 All state changes happen in ``step()`` (or in the fault methods); nothing depends on the wall
 clock, so a seed and a sequence of steps give identical values.
@@ -54,7 +57,6 @@ LAZY_SERIES_DONORS: dict[str, str] = {
     "vllm:prompt_tokens_by_source_total": "local_compute",
     "vllm:prompt_tokens_cached_by_source_total": "device",
 }
-
 
 
 @dataclass
@@ -203,7 +205,7 @@ class SimEngine:
         """Fresh process: empty queues, new exported ledger with new ``_created`` times."""
         self.start_wall = start_wall
         self._created_seq = 0
-        self.now = self.endpoint.clock.sim_time
+        self.now = self.endpoint._last_step_sim
         self._pending: deque[SimRequest] = deque()
         self._waiting: deque[SimRequest] = deque()
         self._running: list[SimRequest] = []
@@ -236,11 +238,10 @@ class SimEngine:
         """Restart this engine's process: in-flight requests are lost, every exported series
         starts again from 0 with a new ``_created``; in multiprocess mode the per-step gauges
         vanish until the next step. Truth keeps counting (and records the restart)."""
-        clock = self.endpoint.clock
         if start_wall is None:
-            start_wall = max(clock.wall(), self.start_wall + 0.01)
+            start_wall = max(self.endpoint._wall_now(), self.start_wall + 0.01)
         self.truth.restarts += 1
-        self.truth.restart_times.append(clock.sim_time)
+        self.truth.restart_times.append(self.endpoint._last_step_sim)
         self.truth.lost_at_restart.append({f: dict(s) for f, s in self.exported.counters.items()})
         self.stalled = False
         self.sleep_level = 0
@@ -254,7 +255,7 @@ class SimEngine:
     def set_arrival_rate(self, rate: float) -> None:
         """Change the request rate (requests per second) from now on."""
         self.arrival_rate = max(0.0, float(rate))
-        self._next_arrival = self._draw_next_arrival(max(self.now, self.endpoint.clock.sim_time))
+        self._next_arrival = self._draw_next_arrival(max(self.now, self.endpoint._last_step_sim))
 
     # -- recording ---------------------------------------------------------------------------
     def _inc(self, family: str, amount: float, key: SeriesKey = ()) -> None:
@@ -349,7 +350,8 @@ class SimEngine:
                     if nxt >= t_end:
                         break
                     continue
-                self._iterate()
+                if not self._fused_decode(t_end):
+                    self._iterate()
         self.now = max(self.now, t_end)
         self._enqueue_arrivals(self.now)
         self._flush_step()
@@ -469,13 +471,86 @@ class SimEngine:
         acc[3] += float(step_tokens * lp.kv_bytes_per_token)
         # 5. finish requests.
         if any(r.generated >= r.end_at for r in running):
-            still: list[SimRequest] = []
+            self._finish_done(t)
+
+    def _fused_decode(self, t_end: float) -> bool:
+        """Run k > 1 identical decode-only iterations at once, when nothing can change the
+        batch in between (no admission possible before an arrival or a KV transfer completes,
+        enough free KV blocks, finishes only at the last one). Same results as k
+        ``_iterate()`` calls, at a fraction of the cost."""
+        running = self._running
+        waiting = self._waiting
+        if not running or (waiting and waiting[0].ready_at <= self.now):
+            return False
+        lp = self.load
+        n = len(running)
+        d = (lp.step_seconds_base + lp.step_seconds_per_seq * n) * self.slowdown
+        horizon = t_end
+        if self._pending:
+            horizon = min(horizon, self._pending[0].arrival)
+        if waiting:
+            horizon = min(horizon, waiting[0].ready_at)
+        k = math.ceil((horizon - self.now) / d)
+        if k < 2:
+            return False
+        bs = lp.block_size
+        context = 0
+        room_min = k
+        for r in running:
+            used = r.prompt_len + r.generated
+            room = r.blocks * bs - used
+            left = r.end_at - r.generated
+            if room < room_min:
+                room_min = room
+            if left < k:
+                k = left
+            context += used
+        # KV blocks the k iterations need: allocated up front (what k _iterate() calls end up
+        # with) when free; otherwise stop before the first block boundary.
+        extra = 0
+        if room_min < k:
+            extra = sum(
+                max(0, -(-(r.prompt_len + r.generated + k) // bs) - r.blocks) for r in running
+            )
+            if extra > self.total_blocks - self.used_blocks:
+                k, extra = room_min, 0
+        if k < 2:
+            return False
+        if extra:
             for r in running:
-                if r.generated >= r.end_at:
-                    self._finish(r, t)
-                else:
-                    still.append(r)
-            self._running = still
+                need = -(-(r.prompt_len + r.generated + k) // bs)
+                if need > r.blocks:
+                    r.blocks = need
+            self.used_blocks += extra
+        t = self.now + k * d
+        self.now = t
+        self._observe("vllm:inter_token_latency_seconds", d, n * k)
+        self._observe("vllm:iteration_tokens_total", n, k)
+        acc = self._step_acc
+        acc[0] += n * k
+        acc[1] += 2.0 * lp.model_params * n * k
+        acc[2] += k * 2.0 * lp.model_params + float(
+            (k * context + n * k * (k - 1) // 2) * lp.kv_bytes_per_token
+        )
+        acc[3] += float(n * k * lp.kv_bytes_per_token)
+        done = False
+        for r in running:
+            r.generated += k
+            r.last_token_at = t
+            if r.generated >= r.end_at:
+                done = True
+        if done:
+            self._finish_done(t)
+        return True
+
+    def _finish_done(self, t: float) -> None:
+        still: list[SimRequest] = []
+        for r in self._running:
+            if r.generated >= r.end_at:
+                self._finish(r, t)
+            else:
+                still.append(r)
+        self._running = still
 
     def _count_prompt(self, r: SimRequest) -> None:
         prompt = r.prompt_len

@@ -95,25 +95,38 @@ class HttpSource:
         self._sem = asyncio.Semaphore(max_concurrency)
         self._max_concurrency = max_concurrency
         self._client: httpx.AsyncClient | None = None
+        self._client_lock = asyncio.Lock()
         self._parsers: dict[str, Parser] = {}
         self._pool = ThreadPoolExecutor(parse_workers, thread_name_prefix="fleetscope-parse")
         self._warner = RateLimitedWarner(log, interval=warn_interval, prefix="fleetscope: ")
         self._identity = identity_labels
         self.max_model_len: dict[str, int | None] = {}
 
+    def _new_client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(
+            max_connections=self._max_concurrency,
+            max_keepalive_connections=self._max_concurrency,
+        )
+        return httpx.AsyncClient(
+            headers=self._headers,
+            verify=self._verify,
+            limits=limits,
+            timeout=httpx.Timeout(self.timeout),
+            follow_redirects=False,
+        )
+
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
-            limits = httpx.Limits(
-                max_connections=self._max_concurrency,
-                max_keepalive_connections=self._max_concurrency,
-            )
-            self._client = httpx.AsyncClient(
-                headers=self._headers,
-                verify=self._verify,
-                limits=limits,
-                timeout=httpx.Timeout(self.timeout),
-                follow_redirects=False,
-            )
+            self._client = self._new_client()
+        return self._client
+
+    async def _ensure_client(self) -> httpx.AsyncClient:
+        """The shared client, built off the event loop: with TLS verification on, httpx loads
+        the CA bundle synchronously (0.3-0.9 s), which must not stall the caller's loop."""
+        async with self._client_lock:
+            if self._client is None:
+                loop = asyncio.get_running_loop()
+                self._client = await loop.run_in_executor(None, self._new_client)
         return self._client
 
     async def aclose(self) -> None:
@@ -129,6 +142,7 @@ class HttpSource:
         return list(await asyncio.gather(*(self.scrape(e) for e in endpoints)))
 
     async def scrape(self, ep: Endpoint) -> ScrapeResult:
+        await self._ensure_client()  # once, before (not inside) the endpoint's timeout
         async with self._sem:
             t0 = time.monotonic()
             try:
@@ -175,7 +189,7 @@ class HttpSource:
         )
 
     async def _fetch(self, ep: Endpoint) -> bytes:
-        client = self._get_client()
+        client = await self._ensure_client()
         async with client.stream("GET", ep.metrics_url, headers=dict(ep.headers)) as r:
             if r.status_code != 200:
                 raise _ScrapeError(f"HTTP {r.status_code}")
@@ -201,7 +215,8 @@ class HttpSource:
         if self.max_model_len.get(ep.name) is not None:
             return self.max_model_len[ep.name]
         try:
-            r = await self._get_client().get(ep.base_url + "/v1/models", headers=dict(ep.headers))
+            client = await self._ensure_client()
+            r = await client.get(ep.base_url + "/v1/models", headers=dict(ep.headers))
             r.raise_for_status()
             lens = [m.get("max_model_len") for m in r.json().get("data", [])]
             lens = [int(x) for x in lens if isinstance(x, int | float)]
@@ -215,9 +230,8 @@ class HttpSource:
     async def fetch_worker_info(self, ep: Endpoint) -> dict | None:
         """``GET /get_metrics_worker_info`` -> ``{"worker_id", "role"}`` (SkyRL's protocol)."""
         try:
-            r = await self._get_client().get(
-                ep.base_url + "/get_metrics_worker_info", headers=dict(ep.headers)
-            )
+            client = await self._ensure_client()
+            r = await client.get(ep.base_url + "/get_metrics_worker_info", headers=dict(ep.headers))
             r.raise_for_status()
             data = r.json()
             return data if isinstance(data, dict) else None
