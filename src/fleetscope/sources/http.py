@@ -103,9 +103,10 @@ class HttpSource:
         self.max_model_len: dict[str, int | None] = {}
 
     def _new_client(self) -> httpx.AsyncClient:
+        # concurrency is bounded by our semaphore; the pool keeps one warm connection per
+        # endpoint so a big fleet does not reconnect (TCP + HTTP setup) every poll
         limits = httpx.Limits(
-            max_connections=self._max_concurrency,
-            max_keepalive_connections=self._max_concurrency,
+            max_connections=None, max_keepalive_connections=None, keepalive_expiry=300
         )
         return httpx.AsyncClient(
             headers=self._headers,
