@@ -406,7 +406,10 @@ class Collector:
             )
             result.keys.update(health_keys(result.events, prefix))
             for ev in result.events:
-                self._warner.warn(f"health:{ev.condition}:{ev.subject}", f"health: {ev.message}")
+                if ev.condition != "scrape_failed":  # the source already warned, naming it
+                    self._warner.warn(
+                        f"health:{ev.condition}:{ev.subject}", f"health: {ev.message}"
+                    )
             view = self._view(result)
             self.last = view
             if self.sinks:
