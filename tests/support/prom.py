@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from types import TracebackType
@@ -113,7 +113,9 @@ class PrometheusServer:
     * listens on a free port on 127.0.0.1 only (never on 9090 or any other fixed port);
     * keeps its config, TSDB and log in a private temporary directory, removed on exit;
     * scrapes every target in one job (``job`` label, default ``"fleet"``); each target's
-      ``instance`` label is the ``host:port`` string given here.
+      ``instance`` label is the ``host:port`` string given here;
+    * ``target_labels`` (optional) adds labels to some targets' series, as a
+      ``static_configs`` entry with ``labels`` does: ``{"127.0.0.1:8001": {"role": "decode"}}``.
 
     Parameters beyond the first three are keyword-only tuning knobs.
     """
@@ -128,6 +130,7 @@ class PrometheusServer:
         binary: str | None = None,
         startup_timeout: float = 30.0,
         extra_args: Sequence[str] = (),
+        target_labels: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         if isinstance(targets, str):
             raise TypeError("targets must be a list of 'host:port' strings, not a single string")
@@ -144,6 +147,12 @@ class PrometheusServer:
         self.binary = binary
         self.startup_timeout = startup_timeout
         self.extra_args = list(extra_args)
+        self.target_labels: dict[str, dict[str, str]] = {
+            t: dict(labels) for t, labels in (target_labels or {}).items()
+        }
+        unknown = set(self.target_labels) - set(self.targets)
+        if unknown:
+            raise ValueError(f"target_labels for unknown targets: {sorted(unknown)}")
 
         self.port: int | None = None
         self.url: str = ""
@@ -191,10 +200,19 @@ class PrometheusServer:
                     "metrics_path": self.metrics_path,
                     "scheme": "http",
                     "honor_labels": False,
-                    "static_configs": [{"targets": self.targets}],
+                    "static_configs": self._static_configs(),
                 }
             ],
         }
+
+    def _static_configs(self) -> list[dict[str, Any]]:
+        plain = [t for t in self.targets if not self.target_labels.get(t)]
+        configs: list[dict[str, Any]] = [{"targets": plain}] if plain else []
+        for target in self.targets:
+            labels = self.target_labels.get(target)
+            if labels:
+                configs.append({"targets": [target], "labels": labels})
+        return configs or [{"targets": []}]
 
     def start(self) -> None:
         if self._proc is not None:
