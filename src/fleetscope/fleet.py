@@ -187,8 +187,10 @@ class FleetState:
         out: dict[str, float] = {}
         scopes: dict[str, list[ScrapeResult]] = {"agg": list(scrapes)}
         for sc in scrapes:
-            if sc.role:
-                scopes.setdefault(sc.role, []).append(sc)
+            # an endpoint's role, or its engines' roles (a Ray agent serves several roles)
+            for role in dict.fromkeys((sc.role, *sc.engine_roles.values())):
+                if role:
+                    scopes.setdefault(role, []).append(sc)
         for scope, scs in scopes.items():
             base = self._scope_base(scope)
             reduced = stats.scopes.get(scope)

@@ -3,12 +3,18 @@
 Facts this relies on (Ray 2.60, see ``shared/recipes/ray-metrics.md``): every alive node's agent
 serves ``http://{NodeManagerAddress}:{MetricsExportPort}/metrics``; vLLM names come as
 ``ray_vllm_*`` (mapped back to ``vllm:`` by the parser); every sample carries ``WorkerId`` (the
-recording actor's worker) and ``ReplicaId`` (Ray Serve); counters never incremented are absent;
-gauges expire ~2 report intervals after their last update (missing, never 0); histogram
-``_sum`` is rebuilt from bucket midpoints, so means are estimates and token totals come from the
-counters. The OpenCensus backend exports counters twice (counted once) and, in its default
-cardinality mode, drops ``WorkerId`` from counters and gauges: identity then falls back to
-``ReplicaId`` or a run-unique ``model_name``.
+recording actor's worker, 56 hex digits) and ``ReplicaId`` (Ray Serve's replica, "" outside
+Serve); counters never incremented are absent; gauges expire ~2 report intervals after their
+last update (missing, never 0); histogram ``_sum`` is rebuilt from bucket midpoints, so means are
+estimates and token totals come from the counters. The OpenCensus backend exports counters twice
+(counted once) and, in its default cardinality mode, drops ``WorkerId`` from counters and gauges
+(histograms keep it): those samples are identified by ``ReplicaId`` or a run-unique
+``model_name`` and joined to the engine whose histograms carry the same tags.
+
+An engine's samples can come in several pieces (``cache_config_info`` has no ``model_name``;
+the OpenCensus split above): :meth:`RaySource.filter` joins the pieces of one engine into one
+snapshot, labelled ``{worker id[:8]}-{engine}``. The agent's own ``process_start_time_seconds``
+is not the engine's and is not used as restart evidence.
 
 Identity filtering keeps only the run's own engines; what it drops is counted and, when it drops
 everything, warned about (never silent). A failed identity lookup disables only this source.
@@ -17,14 +23,26 @@ everything, warned about (never silent). A failed identity lookup disables only 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fleetscope._warn import RateLimitedWarner
+from fleetscope.catalog import RAY_PREFIXES
 from fleetscope.exposition import Exposition
 from fleetscope.fleet import ScrapeResult
+from fleetscope.snapshot import (
+    CounterSeries,
+    EngineLayout,
+    EngineSnapshot,
+    GaugeSeries,
+    HistogramSeries,
+)
 from fleetscope.sources.http import Endpoint, HttpSource
 from fleetscope.stats.reduce import Role
 
@@ -32,48 +50,84 @@ log = logging.getLogger("fleetscope")
 
 IDENTITY_LOOKUP_TIMEOUT = 10.0
 # model_name is part of the key so a run-unique model name can identify engines when the
-# OpenCensus backend drops WorkerId
+# OpenCensus backend drops WorkerId. The parser joins the non-empty values with "/".
 RAY_AGENT_IDENTITY = ("ReplicaId", "WorkerId", "model_name", "engine")
+# consecutive polls with no vLLM sample at all before that is warned about (engines starting)
+NO_VLLM_WARN_AFTER = 3
+
+_WORKER_ID = re.compile(r"[0-9a-f]{56}")  # Ray's WorkerID: 28 bytes, hex
+_ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")  # engine ids are `{endpoint}.{label}`; keys use "/"
 
 
 def discover_agents(nodes: Iterable[Mapping] | None = None) -> list[Endpoint]:
     """One endpoint per alive node's metrics agent (``ray.nodes()`` unless ``nodes`` given).
 
-    Names are ``node{i}`` in the order of the node ids, so a node keeps its name while alive.
+    Names are ``node-{NodeID[:8]}``, so a node keeps its name while alive.
     """
     if nodes is None:
-        import ray
-
-        nodes = ray.nodes()
+        nodes = _ray_nodes()
     alive = [
         n
         for n in nodes
         if (n.get("Alive") or n.get("alive")) and n.get("MetricsExportPort") and n.get("NodeID")
     ]
     alive.sort(key=lambda n: n["NodeID"])
-    return [
-        Endpoint(
-            url=f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}",
-            name=f"node-{n['NodeID'][:8]}",
+    out = []
+    for n in alive:
+        host = str(n["NodeManagerAddress"])
+        if ":" in host and not host.startswith("["):  # IPv6
+            host = f"[{host}]"
+        out.append(
+            Endpoint(url=f"http://{host}:{n['MetricsExportPort']}", name=f"node-{n['NodeID'][:8]}")
         )
-        for n in alive
-    ]
+    return out
 
 
 def worker_ids_of_actors(actors: Sequence, timeout: float = IDENTITY_LOOKUP_TIMEOUT) -> list[str]:
-    """Worker ids of actor handles, through Ray's state API (actor -> node+pid -> worker).
+    """Worker ids of actors (handles or actor id hex strings), in the order given.
 
-    Bounded by ``timeout``; raises ``TimeoutError`` or ``LookupError`` when it cannot finish.
+    Reads Ray's actor table from the GCS (works without the dashboard); waits for actors still
+    being created. Falls back to the state API (needs the dashboard) where the GCS table is not
+    reachable. Bounded by ``timeout``; raises ``TimeoutError`` or ``LookupError``.
     """
+    deadline = time.monotonic() + timeout
+    ids = [a if isinstance(a, str) else a._actor_id.hex() for a in actors]
+    try:
+        from ray._private.state import state as gcs_state
+        from ray.core.generated import gcs_pb2
+    except ImportError:  # a Ray without these private modules
+        return _worker_ids_from_state_api(ids, deadline)
+    return [_worker_id_from_gcs(a, deadline, gcs_state, gcs_pb2) for a in ids]
+
+
+def _worker_id_from_gcs(actor_id: str, deadline: float, gcs_state, gcs_pb2) -> str:
+    import ray
+
+    states = gcs_pb2.ActorTableData.ActorState
+    while True:
+        info = gcs_state.get_actor_info(ray.ActorID(bytes.fromhex(actor_id)))
+        if info is None:
+            raise LookupError(f"actor {actor_id} is unknown to Ray")
+        data = gcs_pb2.ActorTableData.FromString(info)
+        state = states.Name(data.state)
+        if state == "ALIVE" and data.address.worker_id:
+            return data.address.worker_id.hex()
+        if state == "DEAD":
+            raise LookupError(f"actor {actor_id} is dead")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker id lookup timed out: actor {actor_id} is {state}")
+        time.sleep(0.1)
+
+
+def _worker_ids_from_state_api(actor_ids: Sequence[str], deadline: float) -> list[str]:
     from ray.util.state import get_actor, list_workers
 
-    deadline = time.monotonic() + timeout
     out = []
-    for a in actors:
-        left = max(1, int(deadline - time.monotonic()))
+    for actor_id in actor_ids:
         if time.monotonic() > deadline:
             raise TimeoutError("worker id lookup timed out")
-        actor_id = a._actor_id.hex()
+        left = max(1, int(deadline - time.monotonic()))
         st = get_actor(actor_id, timeout=left)
         if st is None or st.pid is None:
             raise LookupError(f"actor {actor_id} not found or not alive")
@@ -92,6 +146,9 @@ class RayIdentity:
     """Which samples are the run's own: by worker id, replica id or model name.
 
     ``roles`` maps an identity value (worker id, replica id, model name) to its role.
+    A worker id decides wherever the sample has one; ``model_names`` is the fallback for samples
+    without ``WorkerId`` (OpenCensus backend) and cannot tell two engines with the same tags
+    apart.
     """
 
     worker_ids: set[str] = field(default_factory=set)
@@ -103,18 +160,98 @@ class RayIdentity:
     def empty(self) -> bool:
         return not (self.worker_ids or self.replica_ids or self.model_names)
 
+    @classmethod
+    def of_actors(
+        cls,
+        actors: Sequence,
+        roles: Sequence[Role | None] | None = None,
+        *,
+        timeout: float = IDENTITY_LOOKUP_TIMEOUT,
+    ) -> RayIdentity:
+        """The identity of actor handles (``roles``, if given, aligned with ``actors``)."""
+        wids = worker_ids_of_actors(actors, timeout)
+        return cls(
+            worker_ids=set(wids),
+            roles={w: r for w, r in zip(wids, roles or (), strict=False) if r},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEngine:
+    """The identity tags of one engine label in an agent body."""
+
+    replica_id: str
+    worker_id: str
+    model_name: str
+    engine: str
+
+
+def decode_label(label: str, identity: RayIdentity | None = None) -> AgentEngine:
+    """Split a parser engine label (``RAY_AGENT_IDENTITY`` values joined by "/", empty ones
+    left out) back into its tags. Worker ids are recognised by shape (56 hex digits); neither
+    they nor replica ids contain "/", model names may. Without a worker id, a leading segment
+    is a replica id when ``identity`` knows it as one, or when the rest is a known model name.
+    """
+    head, sep, engine = label.rpartition("/")
+    if not sep:
+        return AgentEngine("", "", "", engine)
+    segs = head.split("/")
+    rid = wid = ""
+    if _WORKER_ID.fullmatch(segs[0]):
+        wid, rest = segs[0], segs[1:]
+    elif len(segs) > 1 and _WORKER_ID.fullmatch(segs[1]):
+        rid, wid, rest = segs[0], segs[1], segs[2:]
+    else:
+        ident = identity or RayIdentity()
+        tail = "/".join(segs[1:])
+        if segs[0] in ident.replica_ids or (
+            len(segs) > 1 and head not in ident.model_names and tail in ident.model_names
+        ):
+            rid, rest = segs[0], segs[1:]
+        else:
+            rest = segs
+    return AgentEngine(rid, wid, "/".join(rest), engine)
+
+
+def owner_of(e: AgentEngine, identity: RayIdentity) -> str | None:
+    """The identity value that makes ``e`` the run's own, or None (foreign).
+
+    The strongest id both sides have decides: worker id, then replica id, then model name.
+    """
+    if e.worker_id and identity.worker_ids:
+        if e.worker_id in identity.worker_ids:
+            return e.worker_id
+        return e.replica_id if e.replica_id and e.replica_id in identity.replica_ids else None
+    if e.replica_id and identity.replica_ids:
+        return e.replica_id if e.replica_id in identity.replica_ids else None
+    if e.model_name and e.model_name in identity.model_names:
+        return e.model_name
+    return None
+
+
+@dataclass(slots=True)
+class _Merged:
+    sources: tuple[EngineLayout, ...]  # kept alive so their ids stay theirs
+    layout: EngineLayout
+    target: np.ndarray  # merged slot of every slot of the concatenated sources
+    n: int
+
 
 class RaySource:
     """Scrapes every node's metrics agent and keeps only the run's own engines.
 
-    Engine labels become ``{worker id[:8]}-{engine}`` (or the replica id / model name when that is
-    the identity), so engine ids read ``node-5f904afd.ea26d7d6-0``.
+    Engine labels are ``{worker id[:8]}-{engine}`` (the replica id or model name where that
+    is the identity), so engine ids read ``node-5f904afd.ea26d7d6-0``.
 
     Args:
         identity: the run's own engines; or ``identity_lookup``, a callable returning one,
             run with a time bound in a thread (a failure disables this source, logged once).
         nodes: a callable returning ``ray.nodes()``-like dicts (default ``ray.nodes``),
             re-read every ``rediscover_every`` polls so nodes that come and go are followed.
+
+    After every poll: ``foreign_engines`` (engines filtered out), ``missing`` (own worker or
+    replica ids with no sample: not started, idle with expired gauges, or restarted under a
+    new worker id) and ``disabled`` (why this source gave up, or None).
     """
 
     def __init__(
@@ -136,40 +273,52 @@ class RaySource:
         self.endpoints: list[Endpoint] = []
         self.disabled: str | None = None
         self.foreign_engines = 0
+        self.missing: set[str] = set()
         self._polls = 0
+        self._no_vllm_polls = 0
+        self._counts: tuple[int, int] | None = None  # (kept, foreign) last logged
+        self._merged: dict[tuple[int, ...], _Merged] = {}
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
 
     async def _ensure_identity(self) -> bool:
-        if self.identity is not None:
-            return True
-        if self._lookup is None:
-            self.disabled = "no identity given: refusing to count every actor's samples"
+        if self.identity is None and self._lookup is None:
+            self._disable("no identity given: refusing to count every actor's samples")
             return False
-        try:
-            self.identity = await asyncio.wait_for(
-                asyncio.to_thread(self._lookup), timeout=self.lookup_timeout
+        if self.identity is None:
+            try:
+                self.identity = await asyncio.wait_for(
+                    asyncio.to_thread(self._lookup), timeout=self.lookup_timeout
+                )
+            except TimeoutError:
+                self._disable(f"identity lookup timed out after {self.lookup_timeout:g} s")
+                return False
+            except Exception as e:
+                self._disable(f"identity lookup failed: {type(e).__name__}: {e}")
+                return False
+        if not isinstance(self.identity, RayIdentity) or self.identity.empty:
+            self._disable(
+                f"identity has no worker ids, replica ids or model names: {self.identity}"
             )
-            return True
-        except Exception as e:
-            self.disabled = f"identity lookup failed: {type(e).__name__}: {e}"
-            log.warning("fleetscope: Ray metrics disabled (%s)", self.disabled)
             return False
+        return True
+
+    def _disable(self, why: str) -> None:
+        self.disabled = why
+        log.warning("fleetscope: Ray metrics disabled (%s); training continues", why)
 
     async def aclose(self) -> None:
         await self.http.aclose()
 
     async def discover(self) -> list[Endpoint]:
         try:
-            nodes = self._nodes() if self._nodes is not None else None
-            if nodes is None:
-                nodes = await asyncio.to_thread(_ray_nodes)
+            nodes = await asyncio.to_thread(self._nodes or _ray_nodes)  # a GCS call
             self.endpoints = discover_agents(nodes)
         except Exception as e:
             self._warner.warn("discover", f"Ray node discovery failed: {e!r}")
         return self.endpoints
 
     async def scrape_all(self) -> list[ScrapeResult]:
-        """One poll: every agent, filtered to the run's own engines."""
+        """One poll: every agent, filtered to the run's own engines. Never raises."""
         if self.disabled or not await self._ensure_identity():
             return []
         if not self.endpoints or self._polls % self.rediscover_every == 0:
@@ -179,51 +328,232 @@ class RaySource:
         out = []
         kept_total = 0
         foreign = 0
+        seen: set[str] = set()
         for r in results:
             if r.exposition is None:
                 out.append(r)
                 continue
-            expo, roles, dropped = self.filter(r.exposition)
+            try:
+                expo, roles, dropped = self._filter(r.exposition, seen)
+            except Exception as e:  # never into the caller's loop: a failed scrape instead
+                self._warner.warn("filter", f"Ray identity filter failed on {r.endpoint}: {e!r}")
+                out.append(ScrapeResult(r.endpoint, None, r.time, r.wall_time, r.latency, repr(e)))
+                continue
             kept_total += len(expo)
             foreign += dropped
             out.append(
                 ScrapeResult(
-                    r.endpoint, expo, r.time, r.wall_time, r.latency, None, None, (), roles
+                    r.endpoint, expo, r.time, r.wall_time, r.latency, None, None, r.groups, roles
                 )
             )
+        if any(r.ok for r in results) and (kept_total, foreign) != self._counts:
+            self._counts = (kept_total, foreign)
+            log.info(
+                "fleetscope: Ray agents: %d own vLLM engine(s) kept, %d foreign filtered out",
+                kept_total,
+                foreign,
+            )
         self.foreign_engines = foreign
-        if any(r.ok for r in results) and kept_total == 0:
+        ident = self.identity or RayIdentity()
+        self.missing = (ident.worker_ids | ident.replica_ids) - seen
+        answered = any(r.ok for r in results)
+        if answered and kept_total == 0 and foreign:
             self._warner.warn(
                 "filtered-all",
                 f"Ray agents answered but none of their {foreign} vLLM engines is this run's "
-                "own (identity filter removed everything); check the worker/replica ids",
+                "own (the identity filter removed everything); check the worker/replica ids",
+            )
+        self._no_vllm_polls = self._no_vllm_polls + 1 if answered and not kept_total else 0
+        if answered and not foreign and self._no_vllm_polls >= NO_VLLM_WARN_AFTER:
+            self._warner.warn(
+                "no-vllm",
+                f"Ray agents answered {self._no_vllm_polls} polls in a row without any vLLM "
+                "metric (engines not started, or not logging through RayPrometheusStatLogger?)",
             )
         return out
 
     def filter(self, expo: Exposition) -> tuple[Exposition, dict[str, Role], int]:
-        """Keep the run's own engines; relabel them ``{id[:8]}-{engine}``."""
+        """Keep the run's own engines, one snapshot each, labelled ``{id[:8]}-{engine}``.
+
+        Returns the kept engines, their roles, and how many foreign engines were dropped.
+        """
+        return self._filter(expo, set())
+
+    def _filter(self, expo: Exposition, seen: set[str]) -> tuple[Exposition, dict[str, Role], int]:
         ident = self.identity or RayIdentity()
-        kept = {}
-        roles: dict[str, Role] = {}
-        dropped = 0
+        Key = tuple[str, str, str]
+        groups: dict[Key, list[tuple[AgentEngine, EngineSnapshot]]] = {}
+        by_tags: dict[tuple[str, str, str], set[Key]] = {}  # (replica, model, engine)
+        by_engine: dict[tuple[str, str], set[Key]] = {}  # (replica, engine)
+        loose: list[tuple[AgentEngine, EngineSnapshot]] = []
         for label, snap in expo.items():
-            parts = label.split("/")
-            engine = parts[-1]
-            ids = parts[:-1]
-            own = next((v for v in ids if v in ident.worker_ids or v in ident.replica_ids), None)
-            if own is None:  # OpenCensus default cardinality: no WorkerId; model_name tells
-                own = next((v for v in ids if v in ident.model_names), None)
-            if own is None:
-                dropped += 1
+            if not _is_engine(snap.layout):
                 continue
-            new_label = f"{own[:8]}-{engine}"
-            while new_label in kept:  # same engine split by a backend that drops WorkerId
-                new_label += "'"
-            kept[new_label] = snap
-            role = ident.roles.get(own)
+            e = decode_label(label, ident)
+            if not e.worker_id:
+                loose.append((e, snap))
+                continue
+            key = ("w", e.worker_id, e.engine)
+            groups.setdefault(key, []).append((e, snap))
+            by_engine.setdefault((e.replica_id, e.engine), set()).add(key)
+            if e.model_name:
+                by_tags.setdefault((e.replica_id, e.model_name, e.engine), set()).add(key)
+        own = {k for k, pieces in groups.items() if any(owner_of(e, ident) for e, _ in pieces)}
+        # pieces without WorkerId (OpenCensus backend, default cardinality): joined to the one
+        # engine with the same tags; Ray sums same-tag series of several workers, so with two
+        # or more such engines the piece stands alone (own only by replica id or model name)
+        ambiguous = unmatched = 0
+        for e, snap in loose:
+            cands = by_tags.get((e.replica_id, e.model_name, e.engine), set())
+            if not cands and not e.model_name:  # cache_config_info carries no model_name
+                cands = by_engine.get((e.replica_id, e.engine), set())
+            if len(cands) == 1:
+                groups[next(iter(cands))].append((e, snap))
+                continue
+            ambiguous += bool(cands & own)
+            key = ("r", e.replica_id, e.engine) if e.replica_id else ("m", e.model_name, e.engine)
+            groups.setdefault(key, []).append((e, snap))
+            if owner_of(e, ident):
+                own.add(key)
+            elif _has_series(snap.layout):
+                unmatched += 1
+        if ambiguous:
+            self._warner.warn(
+                "no-worker-id-ambiguous",
+                "Ray exports vLLM counters/gauges without WorkerId (OpenCensus backend, default "
+                "cardinality) and several engines share their tags: Ray summed them, so per-"
+                "engine statistics are wrong; set RAY_metric_cardinality_level=legacy",
+            )
+        if unmatched and ident.worker_ids and not (ident.model_names or ident.replica_ids):
+            self._warner.warn(
+                "no-worker-id",
+                f"{unmatched} vLLM engine piece(s) in Ray's metrics carry no WorkerId "
+                "(OpenCensus backend, default cardinality) and match no engine by tags: give "
+                "RayIdentity.model_names too, or set RAY_metric_cardinality_level=legacy",
+            )
+
+        foreign = sum(
+            1
+            for k, ps in groups.items()
+            if k not in own and any(_has_series(s.layout) for _, s in ps)
+        )
+        mine = {k: groups[k] for k in groups if k in own}
+        labels = _labels(mine)
+        kept: dict[str, EngineSnapshot] = {}
+        roles: dict[str, Role] = {}
+        for key, pieces in mine.items():
+            label = labels[key]
+            kept[label] = self._merge([s for _, s in pieces], label)
+            values = [v for e, _ in pieces for v in (e.worker_id, e.replica_id, e.model_name) if v]
+            seen.update(v for e, _ in pieces for v in (e.worker_id, e.replica_id) if v)
+            role = next((ident.roles[v] for v in values if v in ident.roles), None)
             if role:
-                roles[new_label] = role
-        return Exposition(kept, None, expo.types), roles, dropped
+                roles[label] = role
+        return Exposition(kept, None, expo.types), roles, foreign
+
+    def _merge(self, pieces: list[EngineSnapshot], label: str) -> EngineSnapshot:
+        """One snapshot from an engine's pieces; the agent's process start is dropped."""
+        first = pieces[0]
+        if len(pieces) == 1:
+            return EngineSnapshot(label, first.layout, first.data, first.time, first.wall_time)
+        key = tuple(id(p.layout) for p in pieces)
+        m = self._merged.get(key)
+        if m is None or any(a is not p.layout for a, p in zip(m.sources, pieces, strict=True)):
+            m = _merge_layouts(tuple(p.layout for p in pieces))
+            if len(self._merged) > 256:
+                self._merged.clear()
+            self._merged[key] = m
+        data = np.concatenate([p.data for p in pieces])
+        merged = np.bincount(m.target, weights=data, minlength=m.n)
+        return EngineSnapshot(label, m.layout, merged, first.time, first.wall_time)
+
+
+def _has_series(layout: EngineLayout) -> bool:
+    """Whether a piece carries engine metrics beyond info gauges."""
+    return any(
+        s.name.startswith(_ENGINE_PREFIXES)
+        for s in (*layout.counters, *layout.gauges, *layout.histograms)
+    )
+
+
+def _is_engine(layout: EngineLayout) -> bool:
+    """Whether a piece is (part of) an engine. A body without any `engine` tag comes out of
+    the parser as one engine "0" made of Ray's own system metrics: not an engine."""
+    return _has_series(layout) or any(f.startswith(_ENGINE_PREFIXES) for f in layout.info)
+
+
+def _safe(v: str) -> str:
+    s = _UNSAFE.sub("_", v)
+    return s if s == v else f"{s}-{hashlib.sha1(v.encode()).hexdigest()[:6]}"
+
+
+def _labels(groups: Mapping[tuple[str, str, str], object]) -> dict[tuple[str, str, str], str]:
+    """Stable labels, whatever the order of the body: a worker id's first 8 digits (all of
+    them if two engines would share the label), else the replica id or model name."""
+    out: dict[tuple[str, str, str], str] = {}
+    for kind, value, engine in groups:
+        out[(kind, value, engine)] = (
+            f"{value[:8]}-{_safe(engine)}" if kind == "w" else f"{_safe(value)}-{_safe(engine)}"
+        )
+    counts: dict[str, int] = {}
+    for label in out.values():
+        counts[label] = counts.get(label, 0) + 1
+    for (kind, value, engine), label in out.items():
+        if counts[label] > 1:
+            out[(kind, value, engine)] = f"{_safe(value)}-{_safe(engine)}-{kind}"
+    return out
+
+
+def _merge_layouts(layouts: tuple[EngineLayout, ...]) -> _Merged:
+    """The layout of several pieces of one engine; a series in two pieces is summed."""
+    index: dict[str, int] = {}
+    target: list[int] = []
+    maps = []
+    for lay in layouts:
+        slot_map = [index.setdefault(sid, len(index)) for sid in lay.slot_ids]
+        maps.append(slot_map)
+        target.extend(slot_map)
+    counters: dict[str, CounterSeries] = {}
+    gauges: dict[str, GaugeSeries] = {}
+    hists: dict[str, HistogramSeries] = {}
+    info: dict[str, Mapping[str, str]] = {}
+    model_name = None
+    for lay, mp in zip(layouts, maps, strict=True):
+
+        def at(slot: int, mp: list[int] = mp) -> int:
+            return mp[slot] if slot >= 0 else -1
+
+        for c in lay.counters:
+            counters.setdefault(
+                lay.slot_ids[c.slot], CounterSeries(c.name, c.labels, at(c.slot), at(c.created))
+            )
+        for g in lay.gauges:
+            gauges.setdefault(lay.slot_ids[g.slot], GaugeSeries(g.name, g.labels, at(g.slot)))
+        for h in lay.histograms:
+            hists.setdefault(
+                repr((h.name, h.labels)),
+                HistogramSeries(
+                    h.name,
+                    h.labels,
+                    h.bounds,
+                    tuple(at(s) for s in h.buckets),
+                    at(h.sum),
+                    at(h.count),
+                    at(h.created),
+                ),
+            )
+        for fam, lab in lay.info.items():
+            info.setdefault(fam, lab)
+        model_name = model_name or lay.model_name
+    layout = EngineLayout(
+        slot_ids=tuple(index),
+        counters=tuple(counters.values()),
+        gauges=tuple(gauges.values()),
+        histograms=tuple(hists.values()),
+        info=info,
+        model_name=model_name,
+    )
+    return _Merged(layouts, layout, np.array(target, dtype=np.intp), len(index))
 
 
 def _ray_nodes():
