@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import time as _time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -177,7 +178,8 @@ def _parse_sample(line: str, lineno: int) -> _Sample:
     except ValueError:
         raise ExpositionError("value is not a number", lineno, line) from None
     # the fast path splits at the last space: only lines shaped `head value` can use it
-    head = line[:pos] if rest == " " + tokens[0] else None
+    # interned: endpoints serving the same shape share these strings in their templates
+    head = sys.intern(line[:pos]) if rest == " " + tokens[0] else None
     return _Sample(name, labels, value, head, lineno)
 
 
@@ -186,6 +188,10 @@ def _parse_sample(line: str, lineno: int) -> _Sample:
 _SKIP = -1  # a line that carries nothing we keep (comments, filtered families)
 _TYPE_LINE = -2  # a `# TYPE` line; its type must not change under the template
 _MISS = -9
+
+# layouts by shape, shared by all parsers (bounded: a shape not in it only loses sharing)
+_LAYOUTS: dict[tuple, EngineLayout] = {}
+_MAX_LAYOUTS = 1024
 
 
 @dataclass(slots=True)
@@ -240,7 +246,9 @@ class Parser:
         self._keep = tuple(keep) if keep is not None else None
         self._max_bytes = max_bytes
         self._template: _Template | None = None
-        self._layouts: dict[tuple, EngineLayout] = {}
+        # shared by every parser: endpoints of one fleet serve the same shapes, and one layout
+        # per shape keeps plans, alignments and reductions one matrix operation per shape
+        self._layouts = _LAYOUTS
         self.fast_hits = 0
         self.full_parses = 0
 
@@ -343,12 +351,12 @@ class Parser:
                 parts = line.split()
                 if len(parts) != 4 and not (len(parts) == 3 and parts[0] == "#TYPE"):
                     raise ExpositionError("malformed TYPE line", i, line)
-                fam, typ = parts[-2], parts[-1]
+                fam, typ = sys.intern(parts[-2]), sys.intern(parts[-1])
                 if fam in types and types[fam] != typ:
                     raise ExpositionError(f"conflicting TYPE for {fam}", i, line)
                 types[fam] = typ
                 head, _, v = line.rpartition(" ")
-                types_by_head[head] = v
+                types_by_head[sys.intern(head)] = sys.intern(v)
         is_ray = any(name.startswith(p) for name in types for p in RAY_PREFIXES)
         identity = self._identity or (RAY_IDENTITY_LABELS if is_ray else VLLM_IDENTITY_LABELS)
         primary = identity[-1]
@@ -370,6 +378,7 @@ class Parser:
                 if line.startswith("# EOF") or line == "#EOF":
                     eof_seen = True
                 head, _, v = line.rpartition(" ")
+                head = sys.intern(head)
                 if head in types_by_head and types_by_head[head] == v:
                     ordinal[head] = _TYPE_LINE
                 elif head not in ordinal:
@@ -551,12 +560,20 @@ class Parser:
         ids: dict[str, int] = {}
         slot_map: dict[int, int] = {}
         model_names: list[str] = []
+        kinds: list[str] = []
         for _o, d, _v, _ln in rows:
             sid = _series_id(d)
-            slot = ids.setdefault(sid, len(ids))
+            slot = ids.get(sid)
+            if slot is None:
+                slot = ids[sid] = len(ids)
+                kinds.append(d.kind)
             slot_map[id(d)] = slot
         slot_ids = tuple(ids)
-        key = (slot_ids, tuple(_info_key(d) for _o, d, _v, _ln in rows if d.kind == "info"))
+        key = (
+            slot_ids,
+            tuple(kinds),
+            tuple(_info_key(d) for _o, d, _v, _ln in rows if d.kind == "info"),
+        )
         cached = self._layouts.get(key)
         if cached is not None:
             return cached, slot_map
@@ -615,7 +632,7 @@ class Parser:
             info=info,
             model_name=model_names[0] if model_names else None,
         )
-        if len(self._layouts) > 256:
+        if len(self._layouts) >= _MAX_LAYOUTS:
             self._layouts.clear()
         self._layouts[key] = layout
         return layout, slot_map

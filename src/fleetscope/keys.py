@@ -111,21 +111,34 @@ def engine_keys(
 
 
 def tail_engines(stats: PollStats, metrics: Iterable[str] = HEADLINE_METRICS) -> list[str]:
-    """The engines at the min and max of each headline metric, per scope (stable order)."""
+    """The engines at the min and max of each headline metric, per role (stable order).
+
+    Tails are taken within each role (SPEC 3.6): a prefill engine's generation rate is ~0 by
+    design and must not hide the slowest decode engine. The fleet-wide min and max of a
+    metric are among the per-role ones.
+    """
     chosen: dict[str, None] = {}
     cols = stats.columns
     is_engine = stats.is_engine
+    roles = stats.roles if len(stats.roles) == len(stats.engine_ids) else []
+    groups = [is_engine]
+    if roles:
+        groups = [
+            is_engine & np.array([r == role for r in roles], dtype=bool)
+            for role in dict.fromkeys(roles)
+        ]
     for m in metrics:
         if m not in cols:
             continue
         col = stats.matrix[:, cols.index(m)]
-        valid = ~np.isnan(col) & is_engine
-        if not valid.any():
-            continue
-        idx = np.flatnonzero(valid)
-        vals = col[idx]
-        chosen[stats.engine_ids[idx[int(np.argmin(vals))]]] = None
-        chosen[stats.engine_ids[idx[int(np.argmax(vals))]]] = None
+        for group in groups:
+            valid = ~np.isnan(col) & group
+            if not valid.any():
+                continue
+            idx = np.flatnonzero(valid)
+            vals = col[idx]
+            chosen[stats.engine_ids[idx[int(np.argmin(vals))]]] = None
+            chosen[stats.engine_ids[idx[int(np.argmax(vals))]]] = None
     return list(chosen)
 
 

@@ -17,10 +17,11 @@ Labels = tuple[tuple[str, str], ...]
 
 
 def format_series(name: str, labels: Labels) -> str:
-    """The display id of a series: ``name`` or ``name{k="v",...}`` (label values unescaped)."""
+    """The id of a series: ``name`` or ``name{k="v",...}``, label values escaped as in the
+    text format (backslash, double quote, line feed) so distinct series never share an id."""
     if not labels:
         return name
-    return name + "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
+    return name + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
 
 
 @dataclass(frozen=True, slots=True)
