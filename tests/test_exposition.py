@@ -123,7 +123,11 @@ class Reference:
                     }
                 else:
                     kind, sid = "gauge", _sid(_canon(s.name), kept)
-                self.values[engine][sid] += s.value
+                if kind == "created":  # children summed into one series keep the earliest
+                    prev = self.values[engine].get(sid)
+                    self.values[engine][sid] = s.value if prev is None else min(prev, s.value)
+                else:
+                    self.values[engine][sid] += s.value
                 family = sid.split("{", 1)[0]
                 if kind == "counter":
                     family = family.removesuffix("_total")

@@ -214,6 +214,7 @@ class _Template:
     endpoint: _EngineBlock | None
     process_start_slot: int
     strict_nan: np.ndarray  # ordinals whose NaN fails the scrape
+    min_ordinals: np.ndarray  # `_created` ordinals sharing a slot: the slot takes their min
     types: dict[str, str]
 
 
@@ -224,6 +225,7 @@ class _SeriesDraft:
     labels: Labels
     le: float | None
     renamed: bool  # came from an old vLLM name; dropped when the current name is present
+    model: str | None = None  # the sample's model_name label (summed away, kept for grouping)
 
 
 class Parser:
@@ -330,6 +332,10 @@ class Parser:
         if len(nan_at) and any(vals[i] is None for i in nan_at.tolist()):
             return None
         slots = np.bincount(tpl.slot_of_ordinal, weights=arr, minlength=tpl.n_slots + 1)
+        if len(tpl.min_ordinals):
+            targets = tpl.slot_of_ordinal[tpl.min_ordinals]
+            slots[targets] = np.inf
+            np.minimum.at(slots, targets, arr[tpl.min_ordinals])
         pstart = float(slots[tpl.process_start_slot]) if tpl.process_start_slot >= 0 else None
         engines = {
             b.engine: EngineSnapshot(b.engine, b.layout, slots[b.start : b.stop], now, wall, pstart)
@@ -491,7 +497,7 @@ class Parser:
             kept: Labels = tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
         else:
             kept = tuple(sorted((k, v) for k, v in labels.items() if k in BREAKDOWN_LABELS))
-        return _SeriesDraft(kind, canon, kept, le, renamed)
+        return _SeriesDraft(kind, canon, kept, le, renamed, s.labels.get("model_name"))
 
     def _assemble(
         self,
@@ -538,7 +544,14 @@ class Parser:
                 endpoint_block = block
             else:
                 blocks.append(block)
-        slot_of_ordinal[slot_of_ordinal < 0] = n  # never happens; keeps bincount safe
+        slot_of_ordinal[slot_of_ordinal < 0] = n  # renamed duplicates land in a spare slot
+        # `_created` of children summed into one slot: keep the earliest, so a child created
+        # later (a new handler, a new model) does not look like a reset of the others
+        created_ords = [o for o, _e, d, _v, _ln in samples if d.kind == "created"]
+        targets = slot_of_ordinal[created_ords] if created_ords else np.zeros(0, np.intp)
+        uniq, counts = np.unique(targets, return_counts=True)
+        shared = set(uniq[counts > 1].tolist())
+        min_ords = [o for o in created_ords if int(slot_of_ordinal[o]) in shared]
         return _Template(
             n_lines=len(lines),
             n_skip=n_skip,
@@ -551,6 +564,7 @@ class Parser:
             process_start_slot=process_start_slot,
             strict_nan=np.array(strict, dtype=np.intp),
             types=types,
+            min_ordinals=np.array(min_ords, dtype=np.intp),
         )
 
     def _layout(
@@ -562,6 +576,8 @@ class Parser:
         model_names: list[str] = []
         kinds: list[str] = []
         for _o, d, _v, _ln in rows:
+            if d.model is not None and not model_names:
+                model_names.append(d.model)
             sid = _series_id(d)
             slot = ids.get(sid)
             if slot is None:
@@ -573,6 +589,7 @@ class Parser:
             slot_ids,
             tuple(kinds),
             tuple(_info_key(d) for _o, d, _v, _ln in rows if d.kind == "info"),
+            model_names[0] if model_names else None,
         )
         cached = self._layouts.get(key)
         if cached is not None:

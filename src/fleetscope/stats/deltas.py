@@ -44,7 +44,8 @@ class EngineDelta:
     delta: np.ndarray
     seconds: float
     baseline_only: bool = False
-    restarted: bool = False
+    restarted: bool = False  # the process restarted since the baseline: all counted from 0
+    started: bool = False  # a new engine that started inside the interval: all counted
     series_reset: int = 0
     series_new: int = 0
 
@@ -78,7 +79,7 @@ def baseline(current: EngineSnapshot) -> EngineDelta:
 def from_zero(current: EngineSnapshot, seconds: float) -> EngineDelta:
     """An engine proven to have started inside the interval: everything it counted is new."""
     d = _cumulative_values(current)
-    return EngineDelta(current.engine, current, d, seconds, restarted=True)
+    return EngineDelta(current.engine, current, d, seconds, started=True)
 
 
 def _cumulative_values(current: EngineSnapshot) -> np.ndarray:
