@@ -126,6 +126,7 @@ class Collector:
         fetch_model_info: bool = True,
         discover_roles: bool = True,
         health_thresholds: HealthThresholds | None = None,
+        group_by_model: bool = False,
     ):
         if interval <= 0:
             raise ValueError("interval must be positive")
@@ -147,7 +148,7 @@ class Collector:
         # another source (Ray agents, a Prometheus server) replaces direct HTTP scraping
         self.extra_source = source
         opts = KeyOptions(schema=schema, **({"key_budget": key_budget} if key_budget else {}))
-        self.state = FleetState(key_options=opts)
+        self.state = FleetState(key_options=opts, group_by_model=group_by_model)
         self.windows = WindowSet()
         self.health = HealthMonitor(health_thresholds or HealthThresholds())
         self.run_status = "running"
@@ -399,7 +400,11 @@ class Collector:
                 now=result.time,
                 failed_scrapes=sum(1 for sc in scrapes if not sc.ok),
             )
-            roles = {i.engine_id: i.role for i in result.inputs} or dict(self.state.engine_role)
+            # per-row roles travel with the statistics (a sharded driver has no inputs)
+            stats = result.stats
+            roles = dict(zip(stats.engine_ids, stats.roles, strict=False)) or dict(
+                self.state.engine_role
+            )
             result.events = self.health.evaluate(result, roles)
             prefix = self.state.key_options.prefix or (
                 "vllm" if self.state.key_options.schema == "skyrl" else "inference"

@@ -76,8 +76,11 @@ class FleetState:
         key_options: KeyOptions | None = None,
         clock_skew: float = DEFAULT_CLOCK_SKEW,
         prefixes: Sequence[str] | None = None,
+        group_by_model: bool = False,
     ):
         self.baselines = Baselines()
+        # one extra scope per served model (``model:{name}``), for fleets serving several
+        self.group_by_model = group_by_model
         self.key_options = key_options or KeyOptions()
         self.clock_skew = clock_skew
         self.prefixes = tuple(prefixes) if prefixes else None
@@ -136,7 +139,10 @@ class FleetState:
                     )
                 deltas[engine_id] = d
                 self.engine_role[engine_id] = role
-                inputs.append(EngineInput(engine_id, d, role, sc.groups, is_engine))
+                groups = sc.groups
+                if self.group_by_model and snap.layout.model_name:
+                    groups = (*groups, f"model:{snap.layout.model_name}")
+                inputs.append(EngineInput(engine_id, d, role, groups, is_engine))
         ok = [sc for sc in scrapes if sc.ok]
         if ok:
             self._prev_poll = (max(sc.time for sc in ok), max(sc.wall_time for sc in ok))
