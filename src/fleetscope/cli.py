@@ -393,7 +393,9 @@ def _add_wandb_dashboard_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--prefix", default="inference", help="key prefix the runs log (inference)")
     w.add_argument("--x-axis", default="WallTime", help="x axis of every panel (WallTime)")
     w.add_argument(
-        "--dry-run", action="store_true", help="print the panels as JSON, contact nothing"
+        "--dry-run",
+        action="store_true",
+        help="print the panels as JSON, contact nothing (--auto counts as --plain)",
     )
     w.set_defaults(func=cmd_dashboard_wandb)
 
