@@ -225,9 +225,9 @@ def test_wandb_offline_run_reads_back_equal_to_input_and_jsonl(wandb_env: Path) 
     assert summary["config"] == {"engines": 2}
     assert {k: summary["summary"][k] for k in expected_summary} == expected_summary
     assert jsonl_summary == expected_summary
-    assert [r for r in records if r["type"] == "exit"] == [
-        {"num": records[-1]["num"], "type": "exit", "exit": {"exit_code": 0}}
-    ]
+    exits = [r for r in records if r["type"] == "exit"]
+    assert len(exits) == 1 and exits[0]["num"] == records[-1]["num"]
+    assert exits[0]["exit"]["exit_code"] == 0  # wandb adds `runtime` (seconds) on slow runs
 
 
 def test_wandb_trainer_owned_run(wandb_env: Path, caplog: pytest.LogCaptureFixture) -> None:
