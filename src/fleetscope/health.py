@@ -4,12 +4,14 @@ Evaluated on every poll's per-engine metrics, with thresholds you can set. Condi
 
 * ``generation_stalled`` — requests running and no token generated for ``stall_seconds``
   (not prefill engines);
-* ``kv_cache_near_full`` — KV usage at or above ``kv_full``;
+* ``kv_cache_near_full`` — KV usage at or above ``kv_full`` for ``kv_polls`` polls in a row
+  (one reading at 95-100 % is routine for a busy engine: vLLM packs the cache, then preempts);
 * ``queue_growing`` — the waiting queue grew for ``queue_polls`` polls in a row and exceeds
   the running batch;
 * ``preemption_burst`` — at least ``preemption_burst`` preemptions in one poll;
 * ``engine_outlier`` — generation rate below ``outlier_fraction`` of its role's median for
-  ``outlier_polls`` polls in a row (needs >= 3 engines in the role);
+  ``outlier_polls`` polls in a row (needs >= 3 engines in the role with requests; an idle
+  engine — nothing running or waiting — is not judged);
 * ``scrape_failed`` — the endpoint did not answer with a valid exposition.
 
 Pure logic with a little memory (streaks); the collector logs the counts as metrics
@@ -38,6 +40,7 @@ CONDITIONS: tuple[str, ...] = (
 @dataclass(frozen=True, slots=True)
 class HealthThresholds:
     kv_full: float = 0.95
+    kv_polls: int = 2
     queue_polls: int = 4
     preemption_burst: float = 10.0
     outlier_fraction: float = 0.25
@@ -60,6 +63,7 @@ class HealthMonitor:
     _queue: dict[str, tuple[float, int]] = field(default_factory=dict)  # last waiting, streak
     _outlier: dict[str, int] = field(default_factory=dict)
     _stall: dict[str, float] = field(default_factory=dict)  # seconds without a token
+    _kv: dict[str, int] = field(default_factory=dict)  # polls in a row at or above kv_full
 
     def evaluate(self, result: PollResult, roles: Mapping[str, str | None]) -> list[HealthEvent]:
         t = self.thresholds
@@ -100,10 +104,18 @@ class HealthMonitor:
             elif fresh:
                 self._stall.pop(eid, None)
             kv = m.get("kv_cache_usage_perc")
-            if kv is not None and kv >= t.kv_full:
-                events.append(
-                    HealthEvent("kv_cache_near_full", eid, kv, f"{eid}: KV cache {kv:.0%} full")
-                )
+            if kv is not None:
+                full = self._kv.get(eid, 0) + 1 if kv >= t.kv_full else 0
+                self._kv[eid] = full
+                if full >= t.kv_polls:
+                    events.append(
+                        HealthEvent(
+                            "kv_cache_near_full",
+                            eid,
+                            kv,
+                            f"{eid}: KV cache {kv:.0%} full ({full} polls in a row)",
+                        )
+                    )
             waiting = m.get("num_requests_waiting")
             if waiting is not None:
                 last, streak = self._queue.get(eid, (math.inf, 0))
@@ -130,13 +142,18 @@ class HealthMonitor:
                             f"{eid}: {burst:.0f} preemptions in one poll",
                         )
                     )
-            if fresh and gen is not None:
+            # an engine with nothing to do generates nothing: idle, not an outlier (at the end
+            # of a batch the engines that finished first wait for the stragglers)
+            idle = running is not None and running == 0 and not (waiting or 0) > 0
+            if fresh and gen is not None and not idle:
                 by_role.setdefault(role, []).append((eid, gen))
+            elif idle:
+                self._outlier.pop(eid, None)
         for role, rows in by_role.items():
-            if role == "prefill" or len(rows) < 3:
-                continue
             med = statistics.median(v for _, v in rows)
-            if med < t.outlier_min_median:
+            if role == "prefill" or len(rows) < 3 or med < t.outlier_min_median:
+                for eid, _ in rows:  # not judged this poll: a streak is "in a row" or nothing
+                    self._outlier.pop(eid, None)
                 continue
             for eid, v in rows:
                 if v < t.outlier_fraction * med:

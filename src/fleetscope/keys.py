@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from fleetscope.stats.reduce import PollStats
+from fleetscope.stats.reduce import DECODE_ONLY_METRICS, PollStats
 
 Schema = Literal["prime-rl", "skyrl"]
 
@@ -157,6 +157,31 @@ def prime_rl_keys(stats: PollStats, prefix: str = "inference", budget: int = DEF
     return out
 
 
+def _cv_engines(stats: PollStats, scope: str, metric: str) -> float:
+    """How many engines a scope's ``cv`` of ``metric`` is taken over (SkyRL's
+    ``*_throughput_cv_num_engines``): the scope's engines with a value, without the prefill
+    engines for a decode-only metric in a scope that mixes roles, as the reduction does."""
+    n = len(stats.engine_ids)
+    if metric not in stats.columns or n == 0:
+        return 0.0
+    roles = stats.roles if len(stats.roles) == n else [None] * n
+    scope_rows = np.array([scope == "agg" or r == scope for r in roles], dtype=bool)
+    prefill = np.array([r == "prefill" for r in roles], dtype=bool)
+    counted = scope_rows & np.asarray(stats.is_engine, dtype=bool)
+    counted &= ~np.isnan(stats.matrix[:, stats.columns.index(metric)])
+    mixed = (scope_rows & prefill).any() and (scope_rows & ~prefill).any()
+    if metric in DECODE_ONLY_METRICS and mixed:
+        counted &= ~prefill
+    return float(counted.sum())
+
+
+def _cv_engine_keys(stats: PollStats, scope: str, sbase: str, out: dict[str, float]) -> None:
+    for name in ("prompt_throughput_cv", "generation_throughput_cv"):
+        if sbase + name in out:
+            metric = SKYRL_STEP_KEYS[name][0]
+            out[sbase + name + "_num_engines"] = _cv_engines(stats, scope, metric)
+
+
 def skyrl_keys(
     stats: PollStats, prefix: str = "vllm", window: str | None = None
 ) -> dict[str, float]:
@@ -180,9 +205,7 @@ def skyrl_keys(
                 v = per_stat.get("pooled")
                 if v is not None and _finite(v):
                     out[f"{sbase}draft_acceptance_rate_pos_{pos + 1}"] = v
-        for name in ("prompt_throughput_cv", "generation_throughput_cv"):
-            if sbase + name in out:
-                out[sbase + name + "_num_engines"] = float(s.engines)
+        _cv_engine_keys(stats, scope, sbase, out)
     return out
 
 
@@ -282,6 +305,7 @@ def skyrl_interval_keys(
                     v = per_stat.get("pooled")
                     if v is not None and _finite(v):
                         out[f"{sbase}draft_acceptance_rate_pos_{pos + 1}"] = v
+            _cv_engine_keys(stats, scope, sbase, out)
     for k in ("coverage", "failed_scrapes", "engine_restarts"):
         v = meta.get(k)
         if v is not None and _finite(v):

@@ -1,0 +1,351 @@
+"""Health conditions (fleetscope.health) in a simulated fleet, over real HTTP.
+
+Each fault is injected into one engine (or one endpoint) of a simulated fleet that a
+:class:`Collector` polls over loopback HTTP, in frozen steps (step the fleet, then poll). For
+every condition the test checks that it names the right engine id and only that one, that no
+other engine is reported with anything, that the per-poll count keys
+``inference/health/{condition}`` agree with the events, and that the terminal view puts the sick
+engine first. A healthy fleet, polled for several simulated minutes with the default
+thresholds, reports nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fleetscope.collector import Collector, FleetView
+from fleetscope.health import CONDITIONS, HealthEvent, HealthMonitor, HealthThresholds
+from fleetscope.simulate import FleetServer, LoadProfile, SimFleet
+from fleetscope.sinks.terminal import STATUS, TerminalSink
+from fleetscope.sources.http import Endpoint
+
+# a KV cache small enough to fill up (256 blocks of 16 tokens) with long outputs: KV pressure,
+# and preemptions by the dozen every few seconds
+KV_PRESSURE = LoadProfile(
+    arrival_rate=6.0,
+    num_gpu_blocks=256,
+    prompt_tokens_median=32.0,
+    output_tokens_median=200.0,
+    output_tokens_sigma=0.1,
+    max_tokens_choices=(480,),
+)
+PLAIN = [{"dp": 2}, {"dp": 1}]  # server0.0, server0.1, server1.0
+DISAGG = [  # prefill0.0, prefill0.1, decode0.0, decode0.1, decode1.0
+    {"role": "prefill", "dp": 2},
+    {"role": "decode", "dp": 2},
+    {"role": "decode", "dp": 1},
+]
+
+
+@dataclass
+class Run:
+    """What a collector reported, poll by poll."""
+
+    views: list[FleetView] = field(default_factory=list)
+    rendered: str = ""  # the terminal's output for the last poll
+
+    @property
+    def events(self) -> list[HealthEvent]:
+        return [e for v in self.views for e in v.result.events]
+
+    def subjects(self, condition: str | None = None) -> set[str]:
+        return {e.subject for e in self.events if condition in (None, e.condition)}
+
+
+@asynccontextmanager
+async def polled(
+    specs: list[dict[str, Any]],
+    *,
+    seed: int = 11,
+    thresholds: HealthThresholds | None = None,
+    load: LoadProfile | None = None,
+) -> AsyncIterator[tuple[SimFleet, Collector, TerminalSink, io.StringIO]]:
+    """A fleet (endpoints per ``specs``, already busy) served on loopback, and a collector with
+    a non-live terminal sink polling it only when asked."""
+    fleet = SimFleet(seed=seed)
+    for spec in specs:
+        fleet.add_endpoint(**{"load": load, **spec})
+    fleet.step(3.0)
+    screen = io.StringIO()
+    terminal = TerminalSink(live=False, file=screen)
+    with FleetServer(fleet) as server:
+        endpoints = [Endpoint(server.url(ep.name), ep.name, ep.role) for ep in fleet.endpoints]
+        collector = Collector(
+            endpoints,
+            interval=3600.0,
+            timeout=5.0,
+            fetch_model_info=False,
+            verify=False,
+            health_thresholds=thresholds,
+            sinks=[terminal],
+        )
+        try:
+            yield fleet, collector, terminal, screen
+        finally:
+            await collector.stop(timeout=10.0)
+
+
+async def step_and_poll(fleet: SimFleet, c: Collector, dt: float, pause: float) -> FleetView:
+    """One frozen step, then one poll. The responses are built before the poll (the simulator
+    shares this process), and ``pause`` adds real time: rates are per real second between an
+    engine's scrapes, so a pause makes scrape-time jitter small next to the interval."""
+    fleet.step(dt)
+    for ep in fleet.endpoints:
+        ep.metrics_response()
+    if pause:
+        await asyncio.sleep(pause)
+    return await c.poll()
+
+
+def first_row_id(text: str, ids: set[str]) -> str:
+    for line in text.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]
+        if cells and cells[0] in ids:
+            return cells[0]
+    raise AssertionError(f"no engine row in:\n{text}")
+
+
+def assert_keys_match_events(run: Run, prefix: str = "inference") -> None:
+    """Every poll logs every condition's count, equal to that poll's events."""
+    for v in run.views:
+        for cond in CONDITIONS:
+            want = sum(1 for e in v.result.events if e.condition == cond)
+            assert v.keys[f"{prefix}/health/{cond}"] == want, (v.step, cond)
+
+
+# --------------------------------------------------------------------------- one sick engine
+
+
+@dataclass(frozen=True)
+class Scenario:
+    specs: list[dict[str, Any]]
+    inject: Callable[[SimFleet], None]
+    target: str  # the engine id (or endpoint name) that must be reported, and nothing else
+    polls: int = 8
+    dt: float = 1.0
+    pause: float = 0.05
+    thresholds: HealthThresholds | None = None
+
+
+SCENARIOS: dict[str, Scenario] = {
+    # a decode engine stops generating while its requests stay running; the prefill engines
+    # (one token per request by design) and the healthy decode engines are not reported.
+    # `stall_seconds` is real time between scrapes: 0.5 s is reached after a few paused polls
+    "generation_stalled": Scenario(
+        DISAGG,
+        lambda f: f.endpoint("decode0").stall(engine=1),
+        "decode0.1",
+        pause=0.2,
+        thresholds=HealthThresholds(stall_seconds=0.5),
+    ),
+    "kv_cache_near_full": Scenario(
+        [{"dp": 2}, {"dp": 1, "load": KV_PRESSURE}], lambda f: None, "server1.0", dt=5.0
+    ),
+    # ~60 requests/s on one engine of a dp=2 server: several times what it can serve
+    "queue_growing": Scenario(
+        PLAIN, lambda f: f.endpoint("server0").set_arrival_rate(60.0, engine=1), "server0.1"
+    ),
+    "preemption_burst": Scenario(
+        [{"dp": 2}, {"dp": 1, "load": KV_PRESSURE}], lambda f: None, "server1.0", dt=5.0
+    ),
+    # one of three decode engines 40x slower: its token rate falls far below the role's median
+    "engine_outlier": Scenario(
+        DISAGG, lambda f: f.endpoint("decode0").set_slowdown(40.0, engine=0), "decode0.0"
+    ),
+    "scrape_failed": Scenario(
+        PLAIN, lambda f: f.endpoint("server1").set_http_error(500), "server1", polls=3
+    ),
+}
+
+
+@pytest.mark.parametrize("condition", list(SCENARIOS))
+async def test_condition_names_the_sick_engine_and_only_it(
+    condition: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sc = SCENARIOS[condition]
+    run = Run()
+    caplog.set_level(logging.WARNING, logger="fleetscope")
+    async with polled(sc.specs, thresholds=sc.thresholds) as (fleet, c, terminal, screen):
+        run.views.append(await c.poll())  # baselines, before the fault
+        sc.inject(fleet)
+        for _ in range(sc.polls):
+            screen.seek(0)
+            screen.truncate()
+            run.views.append(await step_and_poll(fleet, c, sc.dt, sc.pause))
+        rows = list(terminal.last_rows)
+        run.rendered = screen.getvalue()
+        last = run.views[-1]
+
+    # reported, naming the right engine (or endpoint) ...
+    assert run.subjects(condition) == {sc.target}, run.events
+    # ... and nothing at all about any other engine or endpoint (a sick engine may be in
+    # several conditions: a stalled engine's queue grows too, a full KV cache preempts)
+    assert run.subjects() == {sc.target}, run.events
+    # the condition still holds at the last poll, so the key and the terminal show it now
+    assert sc.target in {e.subject for e in last.result.events if e.condition == condition}
+    assert last.keys[f"inference/health/{condition}"] == 1
+    assert_keys_match_events(run)
+
+    # the operator hears about it, by name (scrape failures are warned by the source)
+    warned = [r.getMessage() for r in caplog.records if sc.target in r.getMessage()]
+    assert warned, [r.getMessage() for r in caplog.records]
+
+    # the terminal puts the sick engine first, flagged; every other engine is OK
+    shown = sc.target if condition != "scrape_failed" else f"{sc.target}.*"
+    assert rows[0].engine_id == shown
+    assert rows[0].status != "OK" and rows[0].severity > 0
+    if condition != "scrape_failed":
+        worst = max((STATUS[e.condition] for e in last.result.events), key=lambda s: s[1])
+        assert rows[0].status == worst[0]
+    else:
+        assert rows[0].status == "NO DATA"
+    assert all(r.status == "OK" for r in rows[1:]), rows
+    ids = {r.engine_id for r in rows}
+    assert first_row_id(run.rendered, ids) == shown
+    assert rows[0].status in run.rendered
+
+
+async def test_stall_needs_stall_seconds_of_real_time() -> None:
+    """With the default 3 s: a stalled engine is reported exactly once the real time between
+    its last scrape with a new token and its current scrape reaches 3 s (a scrape interval
+    without a token is not yet a stall), and no longer once it generates again."""
+
+    def scrape_time(view: FleetView) -> float:
+        return next(sc.time for sc in view.result.scrapes if sc.endpoint == "decode1")
+
+    async with polled(DISAGG) as (fleet, c, _, _):
+        base = scrape_time(await c.poll())
+        fleet.endpoint("decode1").stall()
+        seen: list[tuple[float, bool]] = []
+        while not seen or not seen[-1][1]:
+            assert len(seen) < 20, seen
+            view = await step_and_poll(fleet, c, 1.0, 0.4)
+            stalled = [e.subject for e in view.result.events if e.condition == "generation_stalled"]
+            assert stalled in ([], ["decode1.0"])
+            seen.append((scrape_time(view) - base, bool(stalled)))
+        assert all((elapsed >= 3.0) == fired for elapsed, fired in seen), seen
+        assert len(seen) > 1  # polls that saw no token for less than 3 s reported nothing
+        # tokens again: the condition clears at once
+        fleet.endpoint("decode1").unstall()
+        view = await step_and_poll(fleet, c, 1.0, 0.0)
+        assert not [e for e in view.result.events if e.condition == "generation_stalled"]
+        assert view.keys["inference/health/generation_stalled"] == 0
+
+
+# --------------------------------------------------------------------------- healthy fleets
+
+
+@pytest.mark.parametrize(
+    ("roles", "load", "seed", "polls"),
+    [
+        # default load (4 requests/s per engine), mixed plain and disaggregated endpoints
+        ([None, None, "prefill", "decode", "decode", "decode"], None, 0, 60),
+        # a busy but healthy fleet: 12 requests/s per engine keeps KV at 60-99 %, with
+        # occasional preemptions and short queues
+        ([None, "prefill", "decode", "decode"], LoadProfile(arrival_rate=12.0), 2, 40),
+    ],
+    ids=["default-load", "busy"],
+)
+async def test_healthy_fleet_reports_nothing_with_default_thresholds(
+    roles: list[str | None], load: LoadProfile | None, seed: int, polls: int
+) -> None:
+    """Several simulated minutes (5 s between polls, as the default interval) of a healthy
+    fleet: no condition fires, every count key is logged as 0, the terminal says all healthy."""
+    specs = [{"role": r, "dp": 2} for r in roles]
+    run = Run()
+    statuses: list[set[str]] = []
+    async with polled(specs, seed=seed, load=load) as (fleet, c, terminal, screen):
+        c.on_poll = lambda _view: statuses.append({r.status for r in terminal.last_rows})
+        run.views.append(await c.poll())
+        for _ in range(polls):
+            run.views.append(await step_and_poll(fleet, c, 5.0, 0.0))
+        kv_max = max(
+            (e.kv_usage for v in run.views for e in v.engines.values() if e.kv_usage), default=0
+        )
+    assert run.events == []
+    assert_keys_match_events(run)
+    assert statuses and all(s == {"OK"} for s in statuses)
+    assert "all healthy" in screen.getvalue()
+    # the fleet was doing real work all along
+    gen = [v.keys["inference/agg/generation_tokens_total:rate/sum"] for v in run.views[1:]]
+    assert min(gen) > 0
+    if load is not None:
+        assert kv_max > 0.9  # busy: the KV cache did reach high usage, and that is fine
+
+
+# --------------------------------------------------------------------------- streak rules
+
+
+class _Stats:
+    """The parts of PollStats that HealthMonitor reads, for the streak rules."""
+
+    def __init__(self, rows: dict[str, dict[str, float]], seconds: float = 5.0):
+        self.engine_ids = list(rows)
+        self.is_engine = [True] * len(rows)
+        self.seconds = np.full(len(rows), seconds)
+        self._rows = rows
+
+    def engine(self, eid: str) -> dict[str, float]:
+        return self._rows[eid]
+
+
+class _Result:
+    def __init__(self, rows: dict[str, dict[str, float]]):
+        self.stats = _Stats(rows)
+        self.scrapes: list = []
+
+
+def _decode_rows(gen: dict[str, float], kv: float = 0.5) -> dict[str, dict[str, float]]:
+    return {
+        eid: {
+            "num_requests_running": 8.0,
+            "num_requests_waiting": 0.0,
+            "generation_tokens_total:rate": g,
+            "kv_cache_usage_perc": kv if eid == "d0" else 0.5,
+        }
+        for eid, g in gen.items()
+    }
+
+
+def test_kv_near_full_needs_consecutive_polls() -> None:
+    """A single reading at >= 95 % is routine for a busy engine; two in a row are reported."""
+    mon = HealthMonitor()
+    roles = dict.fromkeys(("d0", "d1", "d2"), "decode")
+    gen = {"d0": 100.0, "d1": 100.0, "d2": 100.0}
+
+    def kv_events(kv: float) -> list[str]:
+        events = mon.evaluate(_Result(_decode_rows(gen, kv)), roles)  # type: ignore[arg-type]
+        return [e.subject for e in events if e.condition == "kv_cache_near_full"]
+
+    assert kv_events(0.99) == []
+    assert kv_events(0.90) == []  # the streak is broken
+    assert kv_events(0.97) == []
+    assert kv_events(1.0) == ["d0"]
+    assert kv_events(0.96) == ["d0"]
+
+
+def test_outlier_streak_is_broken_by_a_poll_that_is_not_judged() -> None:
+    """``outlier_polls`` polls *in a row*: a poll in which the role is not judged (idle, its
+    median below ``outlier_min_median``) ends the streak instead of pausing it."""
+    mon = HealthMonitor()
+    roles = dict.fromkeys(("d0", "d1", "d2"), "decode")
+
+    def outliers(gen: dict[str, float]) -> list[str]:
+        events = mon.evaluate(_Result(_decode_rows(gen)), roles)  # type: ignore[arg-type]
+        return [e.subject for e in events if e.condition == "engine_outlier"]
+
+    slow = {"d0": 1.0, "d1": 100.0, "d2": 100.0}
+    assert outliers(slow) == []  # 1 of 2
+    assert outliers({"d0": 0.0, "d1": 0.5, "d2": 0.5}) == []  # median < 1 tok/s: not judged
+    assert outliers(slow) == []  # 1 of 2 again, not 2 of 2
+    assert outliers(slow) == ["d0"]
