@@ -88,6 +88,7 @@ async def run_demo(
 
 def print_report(result: DemoResult) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     c = Console()
@@ -119,11 +120,13 @@ def print_report(result: DemoResult) -> None:
         )
     c.print(t)
     c.print(f"polls: {result.polls}   run_status: {s.get('run_status')}")
-    c.print(f"JSONL (every poll + summary): [bold]{result.jsonl}[/]")
+    # soft_wrap: a path longer than the console is never broken across lines (copy-paste)
+    c.print(f"JSONL (every poll + summary): [bold]{escape(str(result.jsonl))}[/]", soft_wrap=True)
     if result.wandb_dir is not None:
         runs = sorted(result.wandb_dir.glob("wandb/*run-*"))
-        where = runs[-1] if runs else result.wandb_dir
-        c.print(f"W&B run files: [bold]{where}[/]  (upload later with `wandb sync {where}`)")
+        where = escape(str(runs[-1] if runs else result.wandb_dir))
+        c.print(f"W&B run files: [bold]{where}[/]", soft_wrap=True)
+        c.print(f"upload later with: wandb sync {where}", soft_wrap=True)
     c.print(
         "The injected fault: decode0.0 stalled during the eval window; see "
         "inference/decode/generation_tokens_total:rate/min in the JSONL."

@@ -48,12 +48,21 @@ class _EngineSum:
     groups: tuple[str, ...] = ()
     is_engine: bool = True
     restarts: int = 0
+    # sums of series missing from the current layout, by slot id: (delta, gauge area, gauge
+    # seconds, gauge peak). A series that blinks out (after a restart, multiprocess-mode gauges
+    # and lazily created children are absent until first used) keeps what it summed so far
+    # and gets it back when it returns.
+    retired: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
 
     def realign(self, layout: EngineLayout) -> None:
         """Carry sums over to a new layout of the same engine (series come and go)."""
         if layout is self.layout:
             return
         old = self.layout.index
+        new = layout.index
+        for sid, i in old.items():
+            if sid not in new:
+                self._retire(sid, i)
         idx = np.array([old.get(s, -1) for s in layout.slot_ids], dtype=np.intp)
         have = idx >= 0
 
@@ -69,6 +78,43 @@ class _EngineSum:
         self.gauge_seconds = move(self.gauge_seconds, 0.0)
         self.gauge_peak = move(self.gauge_peak, np.nan)
         self.layout = layout
+        for sid in [sid for sid in self.retired if sid in new]:
+            self._restore(sid, new[sid])
+
+    def _retire(self, sid: str, i: int) -> None:
+        def at(arr: np.ndarray | None, fill: float) -> float:
+            return fill if arr is None else float(arr[i])
+
+        vals = (
+            at(self.delta, 0.0),
+            at(self.gauge_area, 0.0),
+            at(self.gauge_seconds, 0.0),
+            at(self.gauge_peak, math.nan),
+        )
+        if vals[0] == 0 and vals[1] == 0 and vals[2] == 0 and math.isnan(vals[3]):
+            return  # nothing summed: nothing to keep
+        self.retired[sid] = _combine(self.retired.get(sid), vals)
+
+    def _restore(self, sid: str, j: int) -> None:
+        d, area, secs, peak = self.retired.pop(sid)
+        self.delta[j] += d
+        if area or secs or not math.isnan(peak):
+            if self.gauge_area is None:
+                n = len(self.layout.slot_ids)
+                self.gauge_area, self.gauge_seconds = np.zeros(n), np.zeros(n)
+                self.gauge_peak = np.full(n, np.nan)
+            assert self.gauge_seconds is not None and self.gauge_peak is not None
+            self.gauge_area[j] += area
+            self.gauge_seconds[j] += secs
+            self.gauge_peak[j] = np.fmax(self.gauge_peak[j], peak)
+
+
+def _combine(
+    a: tuple[float, float, float, float] | None, b: tuple[float, float, float, float]
+) -> tuple[float, float, float, float]:
+    if a is None:
+        return b
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], float(np.fmax(a[3], b[3])))
 
 
 class Accumulator:
@@ -111,7 +157,8 @@ class Accumulator:
             acc.covered += d.seconds
             if d.restarted:
                 acc.restarts += 1
-                self.engine_restarts += 1
+                if inp.is_engine:  # an endpoint's own row restarts with its engines
+                    self.engine_restarts += 1
             gslots = _gauge_slots(d.layout)
             if len(gslots):
                 if acc.gauge_area is None:
@@ -146,6 +193,8 @@ class Accumulator:
             acc.delta = acc.delta + o2.delta
             acc.covered += o2.covered
             acc.restarts += o2.restarts
+            for sid, vals in o2.retired.items():  # absent from both layouts
+                acc.retired[sid] = _combine(acc.retired.get(sid), vals)
             if o2.gauge_area is not None:
                 if acc.gauge_area is None:
                     acc.gauge_area = o2.gauge_area.copy()
@@ -211,6 +260,7 @@ class Accumulator:
                 "groups": list(a.groups),
                 "is_engine": a.is_engine,
                 "restarts": a.restarts,
+                "retired": {k: [_jsonable(x) for x in v] for k, v in a.retired.items()},
             }
         return {
             "label": self.label,
@@ -238,7 +288,7 @@ class Accumulator:
                     return None
                 return np.array([_from_json(m.get(s, fill)) for s in lay.slot_ids], dtype=float)
 
-            acc.engines[eid] = _EngineSum(
+            es = acc.engines[eid] = _EngineSum(
                 lay,
                 snap,
                 arr(e["delta"], 0.0),
@@ -250,7 +300,26 @@ class Accumulator:
                 groups=tuple(e["groups"]),
                 is_engine=bool(e["is_engine"]),
                 restarts=int(e["restarts"]),
+                retired={
+                    k: tuple(_from_json(x) for x in v)  # type: ignore[misc]
+                    for k, v in e.get("retired", {}).items()
+                },
             )
+            # series the saved layout text cannot carry (a gauge whose last value was NaN):
+            # their sums wait for the series to come back, like any absent series
+            for sid in (e["delta"] or {}).keys() - lay.index.keys():
+
+                def val(name: str, fill: float, sid=sid, e=e) -> float:
+                    return _from_json((e[name] or {}).get(sid, fill))
+
+                vals = (
+                    val("delta", 0.0),
+                    val("gauge_area", 0.0),
+                    val("gauge_seconds", 0.0),
+                    val("gauge_peak", math.nan),
+                )
+                if vals[0] or vals[1] or vals[2] or not math.isnan(vals[3]):
+                    es.retired[sid] = _combine(es.retired.get(sid), vals)
         return acc
 
 
@@ -280,6 +349,7 @@ def _copy(a: _EngineSum) -> _EngineSum:
         a.groups,
         a.is_engine,
         a.restarts,
+        dict(a.retired),
     )
 
 

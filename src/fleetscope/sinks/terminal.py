@@ -95,6 +95,31 @@ def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[Eng
     return rows
 
 
+# (metric, stat) of the fleet-wide scope that the terminal's run summary shows
+SUMMARY_HEADLINES: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("generation_tokens_total", "delta"),
+        ("prompt_tokens_total", "delta"),
+        ("request_success_total", "delta"),
+        ("num_preemptions_total", "delta"),
+        ("generation_tokens_total:rate", "sum"),
+        ("prompt_tokens_total:rate", "sum"),
+        ("prefix_cache_hit_rate", "pooled"),
+        ("time_to_first_token_seconds", "p90"),
+        ("request_time_per_output_token_seconds", "p90"),
+    }
+)
+
+
+def _summary_headline(key: str) -> bool:
+    """``run_status``, a run label's own keys (``{root}/{label}/coverage``, SkyRL's
+    ``vllm_correct_aggregate/{label}/output_tokens_total``) and the headline ``agg`` stats."""
+    parts = key.split("/")
+    if len(parts) <= 3:
+        return True
+    return len(parts) == 5 and parts[2] == "agg" and (parts[3], parts[4]) in SUMMARY_HEADLINES
+
+
 def _num(v: float | None, fmt: str = "{:.1f}") -> str:
     return "—" if v is None else fmt.format(v)
 
@@ -117,6 +142,7 @@ class TerminalSink:
         self.title = title
         self.max_rows = max_rows
         self._live = None
+        self._log_swaps: list = []  # (logging handler, its own stream) while the view is live
         self._lock = threading.Lock()
         self.summary: dict[str, Value] = {}
         self.last_rows: list[EngineRow] = []
@@ -168,6 +194,13 @@ class TerminalSink:
             ("TTFT", "right"),
         ):
             table.add_column(col, justify=just)
+        # the engine id is what the operator acts on: never cut it ("serve…") on a narrow
+        # console (80 columns when piped); the numeric columns wrap instead
+        id_width = max((len(r.engine_id) for r in rows[: self.max_rows]), default=6)
+        table.columns[0].no_wrap = True
+        table.columns[0].min_width = id_width
+        table.columns[2].no_wrap = True
+        table.columns[2].min_width = max(len(r.status) for r in rows) if rows else 6
         for r in rows[: self.max_rows]:
             style = {2: "bold red", 1: "yellow", 0: ""}[r.severity]
             table.add_row(
@@ -200,6 +233,7 @@ class TerminalSink:
 
                     self._live = Live(renderable, console=self.console, auto_refresh=False)
                     self._live.start()
+                    self._redirect_log_handlers()
                 self._live.update(renderable, refresh=True)
             else:
                 self.console.print(renderable)
@@ -208,19 +242,49 @@ class TerminalSink:
         """Keys alone carry no per-engine table; the collector calls :meth:`log_poll`."""
 
     def log_summary(self, summary: Mapping[str, Value]) -> None:
+        """Print the headline of the run summary (the full one has thousands of keys: it
+        goes to the other sinks; all of it is kept in ``self.summary``)."""
         from rich.table import Table
 
         self.summary.update(summary)
+        shown = {k: v for k, v in summary.items() if _summary_headline(k)}
         table = Table(title="run summary", header_style="bold")
-        table.add_column("key")
-        table.add_column("value", justify="right")
-        for k, v in summary.items():
+        table.add_column("key", overflow="fold")
+        table.add_column("value", justify="right", no_wrap=True)
+        for k, v in shown.items():
             table.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
+        if len(shown) < len(summary):
+            table.caption = f"{len(shown)} of {len(summary)} keys; all of them in the other sinks"
         with self._lock:
             self._stop_live()
             self.console.print(table)
 
+    def _redirect_log_handlers(self) -> None:
+        """Point logging's stream handlers at rich's stdout/stderr proxies while the view is live.
+
+        A handler made by ``logging.basicConfig`` holds the real ``sys.stderr``, so its records
+        bypass the redirection ``Live`` installs and land inside the view, which then redraws
+        from the wrong line and leaves torn frames on screen. Through the proxy they are
+        printed above the view. Undone by :meth:`_stop_live`.
+        """
+        import logging
+
+        managed = logging.Logger.manager.loggerDict.values()
+        loggers = [logging.getLogger(), *(lg for lg in managed if isinstance(lg, logging.Logger))]
+        for proxy in (sys.stdout, sys.stderr):
+            original = getattr(proxy, "rich_proxied_file", None)
+            if original is None:
+                continue
+            for lg in loggers:
+                for h in lg.handlers:
+                    if type(h) is logging.StreamHandler and h.stream is original:
+                        h.setStream(proxy)
+                        self._log_swaps.append((h, original))
+
     def _stop_live(self) -> None:
+        for h, original in self._log_swaps:
+            h.setStream(original)
+        self._log_swaps.clear()
         if self._live is not None:
             self._live.stop()
             self._live = None

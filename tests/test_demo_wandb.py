@@ -1,0 +1,137 @@
+"""``fleetscope demo`` end to end, W&B offline with no API key, read back from W&B's own files.
+
+The demo runs as a user would run it (a subprocess, HOME in a temporary folder, no key, no
+network). Its W&B run is then read back with ``python -m wandb leet inspect RUN --json`` (the
+``.wandb`` transaction log, one JSON object per record; see test_sinks_jsonl_wandb.py) and
+compared with the JSONL sink of the same run: same polls on the same ``inference/step`` axis,
+same values, same run summary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def same(a: Any, b: Any) -> bool:
+    """W&B writes non-finite floats as strings, JSONL as null; everything else is exact."""
+    if isinstance(a, str) and a in NONFINITE:
+        return b is None
+    return a == b
+
+
+def leet_records(path: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def test_demo_offline_wandb_matches_jsonl(tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    from fleetscope.sinks.jsonl import read_jsonl
+
+    home = tmp_path / "home"
+    home.mkdir()
+    out = tmp_path / "demo-out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.pop("NETRC", None)
+    env.update(
+        HOME=str(home),  # no ~/.netrc, no ~/.config/wandb: no key anywhere
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path / "wandb-dir"),
+        PYTHONUNBUFFERED="1",
+    )
+    script = Path(sys.executable).with_name("fleetscope")  # the installed entry point
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "fleetscope.cli"]
+    args = ["demo", "--duration", "12", "--interval", "1", "--out", str(out), "--no-tui"]
+    proc = subprocess.run(
+        [*cmd, *args],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = proc.stdout[proc.stdout.rfind("fleetscope demo: done") :]
+    assert report, proc.stdout[-3000:]
+
+    # the report says where the results are, with paths that can be copied as printed
+    jsonl = out / "polls.jsonl"
+    assert str(jsonl) in report
+    m = re.search(r"W&B run files: (\S+)", report)
+    assert m, report
+    run_dir = Path(m.group(1))
+    assert run_dir.is_dir() and run_dir.name.startswith("offline-run-"), run_dir
+    assert f"wandb sync {run_dir}" in report
+    assert "run_status: success" in report
+    assert not list(home.rglob("*.netrc")) and "api_key" not in proc.stderr.lower()
+
+    polls, summary = read_jsonl(jsonl)
+    assert len(polls) >= 8
+    records = leet_records(run_dir, env)
+    kinds = [r["type"] for r in records]
+    assert kinds.count("exit") == 1
+    assert next(r for r in records if r["type"] == "exit")["exit"].get("exit_code", 0) == 0
+
+    # history: one W&B row per JSONL line, on the same inference/step axis, same values
+    rows = [r["history"]["item"] for r in records if r["type"] == "history"]
+    assert [r["inference/step"] for r in rows] == [p["step"] for p in polls]
+    assert [r["_step"] for r in rows] == list(range(len(rows)))  # W&B's own axis untouched
+    for row, poll in zip(rows, polls, strict=True):
+        assert row["inference/wall_time"] == poll["wall_time"]
+        mine = {k: v for k, v in row.items() if not k.startswith("_")}
+        del mine["inference/step"], mine["inference/wall_time"]
+        theirs = {k: v for k, v in poll["metrics"].items() if not isinstance(v, str)}
+        assert mine.keys() == theirs.keys(), poll["step"]
+        bad = [k for k in theirs if not same(mine[k], theirs[k])]
+        assert not bad, (poll["step"], [(k, mine[k], theirs[k]) for k in bad[:5]])
+    step_defs = [r["metric"] for r in records if r["type"] == "metric"]
+    assert any(
+        d.get("glob_name") == "inference/*" and d.get("step_metric") == "inference/step"
+        for d in step_defs
+    )
+
+    # the run summary: W&B's (summary updates merged in log order) holds the JSONL one
+    wandb_summary: dict[str, Any] = {}
+    for r in records:
+        if r["type"] == "summary":
+            wandb_summary.update(r["summary"].get("update", {}))
+            for k in r["summary"].get("remove", None) or ():
+                wandb_summary.pop(k, None)
+    key = "inference_summary/combined/agg/generation_tokens_total/delta"
+    assert summary[key] > 0
+    assert wandb_summary[key] == summary[key]
+    assert wandb_summary["run_status"] == summary["run_status"] == "success"
+    bad = [k for k in summary if k not in wandb_summary or not same(wandb_summary[k], summary[k])]
+    assert not bad, bad[:5]
+    for label in ("train", "eval", "idle"):
+        assert summary[f"inference_summary/{label}/agg/generation_tokens_total/delta"] > 0
+    parts = sum(
+        summary[f"inference_summary/{label}/agg/generation_tokens_total/delta"]
+        for label in ("train", "eval", "idle")
+    )
+    assert parts == summary[key]
+
+    # the demo's fault shows: decode0.0 stalls in the eval window
+    assert any(
+        p["metrics"].get("inference/decode/generation_tokens_total:rate/min") == 0 for p in polls
+    )

@@ -1,0 +1,580 @@
+"""Windows and the run summary (SPEC 3.8) against a simulated fleet over real HTTP.
+
+The fleet is stepped by hand between polls ("frozen steps"): two scrapes with no step between
+them see the same bodies, so the fleet's own ground truth at each poll is known exactly and
+every window total can be compared with it, to the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fleetscope.collector import Collector
+from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
+from fleetscope.sources.http import Endpoint
+from fleetscope.windows import WindowError
+
+# metric as fleetscope names it -> (simulator family, label values)
+COUNTERS: dict[str, tuple[str, ...]] = {
+    "generation_tokens_total": ("vllm:generation_tokens_total",),
+    "prompt_tokens_total": ("vllm:prompt_tokens_total",),
+    "request_success_total": ("vllm:request_success_total",),
+    "request_success_total{finished_reason=stop}": ("vllm:request_success_total", "stop"),
+    "request_success_total{finished_reason=length}": ("vllm:request_success_total", "length"),
+    "request_success_total{finished_reason=abort}": ("vllm:request_success_total", "abort"),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total",),
+}
+SCOPES = ("agg", "prefill", "decode")
+
+
+@dataclass
+class Rig:
+    fleet: SimFleet
+    server: FleetServer
+    endpoints: list[Endpoint]
+
+    def truth(self, scope: str = "agg", endpoint: str | None = None) -> dict[str, float]:
+        """The fleet's own totals now (never reset), per fleetscope metric name."""
+        if endpoint is not None:
+            ep = self.fleet.endpoint(endpoint)
+            return {m: ep.truth_total(*spec) for m, spec in COUNTERS.items()}
+        role = "any" if scope == "agg" else scope
+        return {m: self.fleet.truth_total(*spec, role=role) for m, spec in COUNTERS.items()}
+
+    def truth_all(self) -> dict[str, dict[str, float]]:
+        return {scope: self.truth(scope) for scope in SCOPES}
+
+    def collector(self, **kw) -> Collector:
+        kw.setdefault("interval", 3600)  # polls only when the test asks
+        kw.setdefault("timeout", 2.0)
+        kw.setdefault("fetch_model_info", False)
+        kw.setdefault("verify", False)  # plain HTTP: skip loading the CA bundle
+        return Collector(self.endpoints, **kw)
+
+    def expected_coverage(
+        self, start: dict[str, float], end: dict[str, float], active: float
+    ) -> float:
+        """Engine-seconds each engine was covered (from its own scrape at the start boundary
+        to its own last successful scrape) / (engines x active seconds), at most 1. Active
+        seconds run between the boundary polls' latest responses, so scrape-time jitter alone
+        moves a clean window's coverage by (response spread) / (active seconds)."""
+        n = {ep.name: len(ep.engines) for ep in self.fleet.endpoints}
+        covered = sum(n[e] * (end[e] - start[e]) for e in n)
+        return min(1.0, covered / (sum(n.values()) * active))
+
+
+def scrape_times(c: Collector) -> dict[str, float]:
+    """When each endpoint's response of the collector's latest poll arrived (successes only)."""
+    assert c.last is not None
+    return {sc.endpoint: sc.time for sc in c.last.result.scrapes if sc.ok}
+
+
+@asynccontextmanager
+async def rig(seed: int = 3) -> AsyncIterator[Rig]:
+    """Four API servers: plain (single-process exposition), prefill (dp=2, multiprocess),
+    two decode servers (dp=2 multiprocess and dp=1 single), engines already busy."""
+    fleet = SimFleet(seed=seed)
+    fleet.add_endpoint(role=None, dp=1)
+    fleet.add_endpoint(role="prefill", dp=2)
+    fleet.add_endpoint(role="decode", dp=2)
+    fleet.add_endpoint(role="decode", dp=1)
+    fleet.step(4.0)
+    server = FleetServer(fleet).start()
+    try:
+        eps = [
+            Endpoint(url, role=ep.role)
+            for url, ep in zip(server.urls, fleet.endpoints, strict=True)
+        ]
+        yield Rig(fleet, server, eps)
+    finally:
+        server.stop()
+
+
+def diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: a[k] - b[k] for k in a}
+
+
+def window_totals(keys: dict, base: str, scope: str = "agg") -> dict[str, float]:
+    return {m: keys.get(f"{base}/{scope}/{m}/delta", math.nan) for m in COUNTERS}
+
+
+async def step_and_poll(r: Rig, c: Collector, n: int = 1, dt: float = 1.0, pause: float = 0.02):
+    for _ in range(n):
+        r.fleet.step(dt)
+        await asyncio.sleep(pause)  # a little real time: active seconds are not ~0
+        await c.poll()
+
+
+# --------------------------------------------------------------------------- exact totals
+
+
+async def test_window_totals_equal_ground_truth_per_scope() -> None:
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()  # baselines
+        r.fleet.step(1.0)  # before the window: must not be in it
+        train = c.window("train")
+        await train.astart()
+        t0, s0 = r.truth_all(), scrape_times(c)
+        await step_and_poll(r, c, n=3)
+        r.fleet.step(1.0)  # between the last poll and the boundary: in the window
+        keys = await train.astop()
+        t1, s1 = r.truth_all(), scrape_times(c)
+        await c.stop()
+    assert keys["inference/train/agg/generation_tokens_total/delta"] > 1000  # a real load
+    for scope in SCOPES:
+        assert window_totals(keys, "inference/train", scope) == diff(t1[scope], t0[scope]), scope
+    assert keys["inference/train/agg/engines"] == 6
+    assert keys["inference/train/polls"] == 4  # three polls inside + the stop boundary
+    assert keys["inference/train/failed_scrapes"] == 0
+    assert keys["inference/train/engine_restarts"] == 0
+    # rates divide by the window's active seconds
+    secs = keys["inference/train/active_seconds"]
+    # every engine covered from its own start-boundary scrape to its own stop-boundary scrape
+    cov = keys["inference/train/coverage"]
+    assert cov == pytest.approx(r.expected_coverage(s0, s1, secs), rel=1e-9)
+    assert cov > 0.8
+    assert 0.05 < secs < 5
+    for m in ("generation_tokens_total", "prompt_tokens_total"):
+        for scope in SCOPES:
+            rate = keys[f"inference/train/{scope}/{m}:rate/sum"]
+            assert rate == pytest.approx(keys[f"inference/train/{scope}/{m}/delta"] / secs)
+
+
+FAULTS = ["http_error", "restart_engine", "restart_single", "restart_mp", "restart_unseen"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_fault_inside_window_keeps_totals_exact(fault: str) -> None:
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()
+        train = c.window("train")
+        await train.astart()
+        t0, s0 = r.truth_all(), scrape_times(c)
+        await step_and_poll(r, c)
+        if fault == "http_error":  # decode0 answers 500 to exactly one poll
+            r.fleet.step(1.0)
+            r.fleet.endpoint("decode0").set_http_error(500)
+            view = await c.poll()
+            r.fleet.endpoint("decode0").clear_faults()
+            assert view.endpoints_reporting == 3
+            assert view.keys["inference/agg/scrape_failures"] == 1
+        elif fault == "restart_engine":  # one engine core of a multiprocess server
+            r.fleet.endpoint("prefill0").restart_engine(1)
+        elif fault == "restart_single":  # whole server, single-process exposition
+            r.fleet.endpoint("decode1").restart()
+        elif fault == "restart_mp":  # multiprocess exposition: no _created, no process start
+            r.fleet.endpoint("decode0").restart()
+        else:  # decode1 works for a while after our last scrape, then restarts: that work
+            seen = r.truth(endpoint="decode1")  # was never exported to anyone
+            r.fleet.step(0.5)
+            unseen = diff(r.truth(endpoint="decode1"), seen)
+            r.fleet.endpoint("decode1").restart()
+        await step_and_poll(r, c, n=2)
+        r.fleet.step(1.0)
+        keys = await train.astop()
+        t1, s1 = r.truth_all(), scrape_times(c)
+        await c.stop()
+    for scope in SCOPES:
+        want = diff(t1[scope], t0[scope])
+        if fault == "restart_unseen" and scope != "prefill":
+            assert unseen["generation_tokens_total"] > 0
+            want = diff(want, unseen)  # all of it but what no scrape could ever see
+        assert window_totals(keys, "inference/train", scope) == want, scope
+    # a failed scrape in the middle costs no coverage: the next success spans the gap exactly;
+    # a reset restarts its series from 0 and voids nothing
+    secs = keys["inference/train/active_seconds"]
+    want = r.expected_coverage(s0, s1, secs)
+    assert keys["inference/train/coverage"] == pytest.approx(want, rel=1e-9)
+    restarts = keys["inference/train/engine_restarts"]
+    if fault == "http_error":
+        assert keys["inference/train/failed_scrapes"] == 1
+        assert restarts == 0
+    else:
+        assert keys["inference/train/failed_scrapes"] == 0
+        # engines of the restarted server (and the server's own series for a whole restart)
+        # engines only, as `engine_restarts_total` counts them (not the server's own row)
+        assert restarts == (2 if fault == "restart_mp" else 1)
+        assert restarts == sum(c.state.restarts.values())  # = engine_restarts_total
+
+
+# unseen_work=True: the server's http children come back one by one after the restart; their
+# summed `_created` once faked a second reset (fixed in exposition.py, 9692acd)
+@pytest.mark.parametrize("unseen_work", [False, True])
+async def test_api_server_series_exact_across_restart(unseen_work: bool) -> None:
+    """The server's own series (http_*, lazily created after a restart, so absent for a
+    while) keep their window totals: exact but for what no scrape could see."""
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()
+        ep = r.fleet.endpoint("decode1")
+
+        def requests() -> float:
+            return ep.truth.counter("http_requests_total")
+
+        train = c.window("train")
+        await train.astart()
+        t0 = requests()
+        await step_and_poll(r, c)
+        seen = requests()
+        if unseen_work:
+            r.fleet.step(0.5)
+        unseen = requests() - seen
+        ep.restart()
+        await step_and_poll(r, c, n=4)
+        await train.astop()
+        t1 = requests()
+        await c.stop()
+    row = c.windows.run["train"].engines["decode1"]  # the server's row in the window's sums
+    slots = [s.slot for s in row.layout.counters if s.name == "http_requests"]
+    assert slots and t1 - t0 - unseen > 0
+    assert row.delta[slots].sum() == t1 - t0 - unseen
+    assert row.restarts == 1
+
+
+async def test_failed_scrape_at_window_end_lowers_coverage_and_moves_delta_to_idle() -> None:
+    """The stop boundary's scrape of decode0 fails: the window is exact for what it covers,
+    reports the coverage it lost, and decode0's last increase lands in the next label."""
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()
+        c0 = r.truth_all()
+        train = c.window("train")
+        await train.astart()
+        t0, s0 = r.truth_all(), scrape_times(c)
+        await step_and_poll(r, c, n=2, pause=0.05)
+        d_seen, s_seen = r.truth(endpoint="decode0"), scrape_times(c)
+        await asyncio.sleep(0.4)  # a long last interval: what decode0 loses is visible
+        r.fleet.step(1.0)
+        r.fleet.endpoint("decode0").set_http_error(503)
+        keys = await train.astop()
+        t1, s1 = r.truth_all(), scrape_times(c)
+        d_end = r.truth(endpoint="decode0")
+        r.fleet.endpoint("decode0").clear_faults()
+        await step_and_poll(r, c)  # idle: decode0 recovers, over the longer interval
+        c1 = r.truth_all()
+        await c.stop()
+        summary = c.summary()
+    lost = diff(d_end, d_seen)
+    assert lost["generation_tokens_total"] > 0
+    for scope in ("agg", "decode"):
+        want = {m: t1[scope][m] - t0[scope][m] - lost[m] for m in COUNTERS}
+        assert window_totals(keys, "inference/train", scope) == want, scope
+    assert window_totals(keys, "inference/train", "prefill") == diff(t1["prefill"], t0["prefill"])
+    assert keys["inference/train/failed_scrapes"] == 1
+    # decode0's 2 engines (of 6) are covered only up to their last successful scrape
+    secs = keys["inference/train/active_seconds"]
+    assert "decode0" not in s1
+    want = r.expected_coverage(s0, {**s1, "decode0": s_seen["decode0"]}, secs)
+    assert keys["inference/train/coverage"] == pytest.approx(want, rel=1e-9)
+    assert keys["inference/train/coverage"] < 0.9  # the last ~0.4 s of ~0.5 s
+    # nothing is lost from the run: idle has the rest, combined is exact
+    for scope in SCOPES:
+        s = "inference_summary"
+        combined = window_totals(summary, f"{s}/combined", scope)
+        assert combined == diff(c1[scope], c0[scope]), scope
+        parts = [window_totals(summary, f"{s}/{lab}", scope) for lab in ("train", "idle")]
+        assert {m: parts[0][m] + parts[1][m] for m in COUNTERS} == combined, scope
+
+
+# --------------------------------------------------------------------------- pause / resume, run
+
+
+async def test_pause_resume_idle_and_combined(tmp_path: Path) -> None:
+    path = tmp_path / "polls.jsonl"
+    async with rig() as r:
+        c = r.collector(sinks=[JsonlSink(path)])
+        await c.poll()
+        start = r.truth_all()
+        await step_and_poll(r, c)  # idle before any window
+        train = c.window("train")
+        await train.astart()
+        t_start = r.truth_all()
+        await step_and_poll(r, c, n=2)
+        r.fleet.step(1.0)
+        await train.apause()
+        t_pause = r.truth_all()
+        await step_and_poll(r, c, n=2, pause=0.15)  # paused: idle, and no active seconds
+        r.fleet.step(1.0)
+        await train.aresume()
+        t_resume = r.truth_all()
+        await step_and_poll(r, c)
+        train_keys = await train.astop()
+        t_stop = r.truth_all()
+        await step_and_poll(r, c)  # idle between windows
+        async with c.window("eval") as ev:
+            e0 = r.truth_all()
+            await step_and_poll(r, c, n=2)
+            r.fleet.step(1.0)
+        eval_keys = ev.keys
+        e1 = r.truth_all()
+        await step_and_poll(r, c)  # idle after
+        end = r.truth_all()
+        await c.stop()  # default status: success
+        summary = c.summary()
+
+    for scope in SCOPES:
+        want_train = {
+            m: (t_pause[scope][m] - t_start[scope][m]) + (t_stop[scope][m] - t_resume[scope][m])
+            for m in COUNTERS
+        }
+        assert window_totals(train_keys, "inference/train", scope) == want_train, scope
+        assert window_totals(eval_keys, "inference/eval", scope) == diff(e1[scope], e0[scope])
+        s = "inference_summary"
+        combined = window_totals(summary, f"{s}/combined", scope)
+        assert combined == diff(end[scope], start[scope]), scope
+        parts = [window_totals(summary, f"{s}/{lab}", scope) for lab in ("train", "eval", "idle")]
+        assert {m: sum(p[m] for p in parts) for m in COUNTERS} == combined, scope
+        assert window_totals(summary, f"{s}/train", scope) == want_train
+    # idle got real work: before, during the pause, between and after the windows
+    assert summary["inference_summary/idle/agg/generation_tokens_total/delta"] > 0
+
+    # active seconds exclude the pause (two polls with 0.15 s real sleeps each)
+    active = train_keys["inference/train/active_seconds"]
+    assert active == summary["inference_summary/train/active_seconds"]
+    assert summary["inference_summary/combined/active_seconds"] > active + 0.3
+    rate = train_keys["inference/train/agg/generation_tokens_total:rate/sum"]
+    assert rate == pytest.approx(
+        train_keys["inference/train/agg/generation_tokens_total/delta"] / active
+    )
+
+    # the run summary went to the JSONL sink at stop(), with run_status
+    polls, jsonl_summary = read_jsonl(path)
+    assert len(polls) > 10
+    assert jsonl_summary["run_status"] == "success"
+    k = "inference_summary/combined/agg/generation_tokens_total/delta"
+    assert jsonl_summary[k] == summary[k]
+    assert (
+        jsonl_summary["inference_summary/idle/agg/prompt_tokens_total/delta"]
+        == (summary["inference_summary/idle/agg/prompt_tokens_total/delta"])
+    )
+
+
+async def test_run_status_failed_reaches_every_sink(tmp_path: Path) -> None:
+    paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    async with rig() as r:
+        c = r.collector(sinks=[JsonlSink(p) for p in paths])
+        await c.poll()
+        t0 = r.truth()
+        await step_and_poll(r, c)
+        await c.window("train").astart()  # left open: stop() closes it
+        r.fleet.step(1.0)
+        await c.stop("failed")
+        t1 = r.truth()
+    for p in paths:
+        _, summary = read_jsonl(p)
+        assert summary["run_status"] == "failed"
+        got = summary["inference_summary/combined/agg/generation_tokens_total/delta"]
+        assert got == t1["generation_tokens_total"] - t0["generation_tokens_total"]
+        assert "inference_summary/train/agg/generation_tokens_total/delta" in summary
+
+
+# --------------------------------------------------------------------------- misuse
+
+
+async def test_window_misuse_raises_and_takes_no_scrape() -> None:
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()
+        train = c.window("train")
+
+        async def refused(coro, match: str) -> None:
+            step = c.state.step
+            with pytest.raises(WindowError, match=match):
+                await coro
+            assert c.state.step == step, "a refused action must not scrape"
+
+        await refused(train.apause(), r"cannot pause window 'train': it is not started")
+        await refused(train.aresume(), r"cannot resume window 'train': it is not started")
+        await refused(train.astop(), r"cannot stop window 'train': it is not open")
+        await refused(c.window("idle").astart(), r"'idle' is reserved")
+        await refused(c.window("combined").astart(), r"'combined' is reserved")
+        await train.astart()
+        await refused(train.astart(), r"window 'train' is already open; stop it first")
+        await refused(train.aresume(), r"cannot resume window 'train': it is active")
+        await train.apause()
+        await refused(train.apause(), r"cannot pause window 'train': it is paused")
+        await refused(train.astart(), r"already open")
+        await train.aresume()
+        await train.astop()
+        await refused(train.astop(), r"cannot stop window 'train': it is not open")
+        await refused(train.apause(), r"not started")
+        await c.stop()
+
+
+def test_window_misuse_sync_api_raises_in_the_caller_thread() -> None:
+    fleet = SimFleet.build(1, dp=1, seed=5)
+    fleet.step(2.0)
+    with FleetServer(fleet) as server:
+        c = Collector(server.urls, interval=3600, timeout=2.0, fetch_model_info=False)
+        c.start_background()  # polls at once, then every hour
+        try:
+            for _ in range(200):
+                if c.last is not None:
+                    break
+                time.sleep(0.01)
+            w = c.window("eval")
+            with pytest.raises(WindowError, match="cannot pause window 'eval'"):
+                w.pause()
+            step = c.state.step
+            w.start()
+            assert c.state.step == step + 1  # a boundary scrapes
+            with pytest.raises(WindowError, match="already open"):
+                w.start()
+            assert c.state.step == step + 1
+            fleet.step(1.0)
+            keys = w.stop()
+            with pytest.raises(WindowError, match="not open"):
+                w.stop()
+        finally:
+            c.stop_background()
+    assert keys["inference/eval/agg/generation_tokens_total/delta"] > 0
+
+
+# --------------------------------------------------------------------------- resume
+
+
+async def test_resumed_collector_continues_the_run_summary(tmp_path: Path) -> None:
+    """A trainer checkpoints, dies and resumes: the second collector, loaded with the first's
+    state, publishes the same run totals as one that watched the whole time."""
+    async with rig() as r:
+        whole = r.collector()
+        first = r.collector()
+
+        async def both(fn):
+            await fn(whole)
+            await fn(first)
+
+        await both(lambda c: c.poll())
+        for c in (whole, first):
+            await c.window("train").astart()
+        await step_and_poll(r, first)
+        await whole.poll()
+        r.fleet.step(1.0)
+        for c in (whole, first):
+            await c.window("train").astop()
+        r.fleet.step(1.0)
+        for c in (whole, first):
+            await c.window("eval").astart()
+        r.fleet.step(1.0)
+        for c in (whole, first):
+            await c.window("eval").astop()
+        state = json.loads(json.dumps(first.state_dict()))  # a checkpoint is plain JSON
+        await first.stop()  # the process ends (no fleet step after its last poll)
+
+        second = r.collector(sinks=[JsonlSink(tmp_path / "resumed.jsonl")])
+        second.load_state_dict(state)
+        await second.poll()  # fresh baselines
+        await whole.poll()
+        for c in (whole, second):
+            await c.window("train").astart()
+        r.fleet.step(1.0)
+        await second.poll()
+        await whole.poll()
+        r.fleet.endpoint("server0").restart()  # even a restart after the resume
+        r.fleet.step(1.0)
+        for c in (whole, second):
+            await c.window("train").astop()
+        r.fleet.step(1.0)
+        for c in (whole, second):
+            await c.stop()
+    a, b = whole.summary(), second.summary()
+    _, published = read_jsonl(tmp_path / "resumed.jsonl")
+    compared = 0
+    for key, value in a.items():
+        if key.endswith("/delta") and ("/combined/" in key or "/train/" in key or "/eval/" in key):
+            assert b.get(key) == pytest.approx(value, rel=1e-12, abs=1e-9), key
+            assert published.get(key) == pytest.approx(value, rel=1e-12, abs=1e-9), key
+            compared += 1
+    assert compared > 100
+    assert b["inference_summary/train/agg/generation_tokens_total/delta"] > 0
+    assert b["inference_summary/eval/polls"] == a["inference_summary/eval/polls"]
+
+
+# --------------------------------------------------------------------------- SkyRL preset, roles
+
+
+async def test_skyrl_preset_keys_with_roles() -> None:
+    async with rig() as r:
+        c = r.collector(schema="skyrl")
+        await c.poll()
+        t0 = r.truth_all()
+        train = c.window("train")
+        await train.astart()
+        await step_and_poll(r, c, n=2)
+        r.fleet.step(1.0)
+        keys = await train.astop()
+        t1 = r.truth_all()
+        poll_keys = dict((await c.poll()).keys)
+        await c.stop()
+        summary = c.summary()
+    for sub in ("", "prefill/", "decode/"):
+        for name in ("generation_throughput_tok_s", "prompt_throughput_tok_s", "ttft_seconds_p90"):
+            assert f"vllm/train/{sub}{name}" in keys, sub + name
+    assert "vllm/generation_throughput_tok_s" in poll_keys
+    assert "vllm/decode/num_requests_running" in poll_keys
+    assert not any(k.startswith("inference") for k in (*keys, *poll_keys, *summary))
+    secs = summary["vllm_correct_aggregate/train/measurement_seconds"]
+    for sub, scope in (("", "agg"), ("prefill/", "prefill"), ("decode/", "decode")):
+        base = f"vllm_correct_aggregate/train/{sub}"
+        want = diff(t1[scope], t0[scope])
+        assert summary[base + "output_tokens_total"] == want["generation_tokens_total"]
+        assert summary[base + "prompt_tokens_total"] == want["prompt_tokens_total"]
+        assert summary[base + "measurement_seconds"] == secs
+    assert keys["vllm/train/generation_throughput_tok_s"] == pytest.approx(
+        summary["vllm_correct_aggregate/train/output_tokens_total"] / secs
+    )
+    assert "vllm_correct_aggregate/combined/output_tokens_total" in summary
+    assert summary["run_status"] == "success"
+
+
+async def test_disaggregated_tails_are_role_aware() -> None:
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()
+        await step_and_poll(r, c)
+        healthy = dict(c.last.keys)
+        r.fleet.endpoint("decode0").stall(engine=0)
+        await step_and_poll(r, c, n=2)
+        sick = dict(c.last.keys)
+        await c.stop()
+
+    def rates(keys: dict, role: str | None = "any") -> dict[str, float]:
+        out = {}
+        for k, v in keys.items():
+            parts = k.split("/")
+            if len(parts) == 3 and parts[2] == "generation_tokens_total:rate" and "." in parts[1]:
+                ep = parts[1].split(".")[0]
+                ep_role = None if ep.startswith("server") else ep.rstrip("0123456789")
+                if (
+                    role == "any"
+                    or ep_role == role
+                    or (role == "non-prefill" and ep_role != "prefill")
+                ):
+                    out[parts[1]] = v
+        return out
+
+    gen = "generation_tokens_total:rate"
+    # healthy decode engines: prefill engines (few tokens by design) do not pin the agg tail
+    assert min(rates(healthy, "prefill").values()) < min(rates(healthy, "non-prefill").values())
+    assert healthy[f"inference/agg/{gen}/min"] == min(rates(healthy, "non-prefill").values()) > 0
+    assert healthy[f"inference/decode/{gen}/min"] > 0
+    assert healthy[f"inference/prefill/{gen}/min"] == min(rates(healthy, "prefill").values())
+    # the stalled decode engine pins the decode tail (and the fleet's) to 0
+    assert rates(sick)["decode0.0"] == 0
+    assert sick[f"inference/decode/{gen}/min"] == 0
+    assert sick[f"inference/agg/{gen}/min"] == 0
+    assert sick[f"inference/prefill/{gen}/min"] == min(rates(sick, "prefill").values())
+    # the sum still covers every engine, prefill included
+    assert sick[f"inference/agg/{gen}/sum"] == pytest.approx(sum(rates(sick).values()))
