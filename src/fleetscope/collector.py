@@ -394,28 +394,8 @@ class Collector:
         async with self._poll_lock:
             loop = asyncio.get_running_loop()
             result = await self._collect()
-            scrapes = result.scrapes
-            self.windows.attribute(
-                result.inputs,
-                now=result.time,
-                failed_scrapes=sum(1 for sc in scrapes if not sc.ok),
-            )
-            # per-row roles travel with the statistics (a sharded driver has no inputs)
-            stats = result.stats
-            roles = dict(zip(stats.engine_ids, stats.roles, strict=False)) or dict(
-                self.state.engine_role
-            )
-            result.events = self.health.evaluate(result, roles)
-            prefix = self.state.key_options.prefix or (
-                "vllm" if self.state.key_options.schema == "skyrl" else "inference"
-            )
-            result.keys.update(health_keys(result.events, prefix))
-            for ev in result.events:
-                if ev.condition != "scrape_failed":  # the source already warned, naming it
-                    self._warner.warn(
-                        f"health:{ev.condition}:{ev.subject}", f"health: {ev.message}"
-                    )
-            view = self._view(result)
+            # windows, health and the typed view walk every engine: off the loop, like parsing
+            view = await loop.run_in_executor(self.source._pool, self._after_poll, result)
             self.last = view
             if self.sinks:
                 await loop.run_in_executor(self._sink_pool, self._log_sinks, result)
@@ -425,6 +405,29 @@ class Collector:
                 except Exception as e:
                     self._warner.warn("on_poll", f"on_poll callback raised {e!r}")
             return view
+
+    def _after_poll(self, result: PollResult) -> FleetView:
+        """Attribute the poll to windows, evaluate health, build the fleet view (a thread)."""
+        scrapes = result.scrapes
+        self.windows.attribute(
+            result.inputs,
+            now=result.time,
+            failed_scrapes=sum(1 for sc in scrapes if not sc.ok),
+        )
+        # per-row roles travel with the statistics (a sharded driver has no inputs)
+        stats = result.stats
+        roles = dict(zip(stats.engine_ids, stats.roles, strict=False)) or dict(
+            self.state.engine_role
+        )
+        result.events = self.health.evaluate(result, roles)
+        prefix = self.state.key_options.prefix or (
+            "vllm" if self.state.key_options.schema == "skyrl" else "inference"
+        )
+        result.keys.update(health_keys(result.events, prefix))
+        for ev in result.events:
+            if ev.condition != "scrape_failed":  # the source already warned, naming it
+                self._warner.warn(f"health:{ev.condition}:{ev.subject}", f"health: {ev.message}")
+        return self._view(result)
 
     async def _discover_roles(self, scrapes: list[ScrapeResult]) -> list[ScrapeResult]:
         """Roles of endpoints given without one: ``GET /get_metrics_worker_info`` (SkyRL's

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -90,6 +91,7 @@ class PrometheusSource:
         self._metadata_every = max(1, metadata_every)
         self._polls = 0
         self._parsers: dict[str, Parser] = {}
+        self._untyped: set[str] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="fleetscope-prom")
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
 
@@ -97,8 +99,9 @@ class PrometheusSource:
         await self._client.aclose()
         self._pool.shutdown(wait=False)
 
-    async def _query(self, expr: str) -> list[dict]:
-        r = await self._client.get(f"{self.url}/api/v1/query", params={"query": expr})
+    async def _query(self, expr: str, at: float | None = None) -> list[dict]:
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        r = await self._client.get(f"{self.url}/api/v1/query", params=params)
         r.raise_for_status()
         body = r.json()
         if body.get("status") != "success":
@@ -126,10 +129,14 @@ class PrometheusSource:
             name = self._names[instance] = f"{prefix}{i}"
         return name
 
-    def _selector(self) -> str:
-        if not self.extra:
+    def _selector(self, instances: Sequence[str] = ()) -> str:
+        matchers = [self.extra] if self.extra else []
+        if instances:
+            alts = "|".join(re.escape(i) for i in sorted(instances))
+            matchers.append(f'instance=~"{_escape(alts)}"')
+        if not matchers:
             return self.match
-        return self.match[:-1] + "," + self.extra + "}"
+        return self.match[:-1] + "," + ",".join(matchers) + "}"
 
     async def scrape_all(self) -> list[ScrapeResult]:
         t0 = time.monotonic()
@@ -138,14 +145,35 @@ class PrometheusSource:
                 await self._metadata()
             self._polls += 1
             up_sel = f"{{{self.extra}}}" if self.extra else ""
-            samples, ups, stamps = await asyncio.gather(
-                self._query(self._selector()),
-                self._query(f"up{up_sel}"),
-                self._query(f"timestamp(up{up_sel})"),
+            # Every query is evaluated at one time, and the scrape times are read before and
+            # after the samples: a target scraped while we read (its samples and `up` are
+            # committed together) is read again, so values and times come from one scrape.
+            at = time.time()
+            ups, stamps = await asyncio.gather(
+                self._query(f"up{up_sel}", at), self._query(f"timestamp(up{up_sel})", at)
             )
+            samples = await self._query(self._selector(), at)
+            after = await self._query(f"timestamp(up{up_sel})", at)
+            if self._unknown_families(samples):
+                await self._metadata()  # a family that appeared since the last metadata
         except Exception as e:
             self._warner.warn("query", f"Prometheus source {self.url} failed: {e!r}")
             return []
+        scraped_at = {u["metric"].get("instance", ""): float(u["value"][1]) for u in stamps}
+        moved = {
+            inst
+            for u in after
+            if scraped_at.get(inst := u["metric"].get("instance", "")) != float(u["value"][1])
+        }
+        if moved:
+            try:
+                again = await self._query(self._selector(sorted(moved)), at)
+            except Exception as e:
+                self._warner.warn("query", f"Prometheus source {self.url} failed: {e!r}")
+                return []
+            samples = [s for s in samples if s["metric"].get("instance", "") not in moved]
+            samples += again
+            scraped_at = {u["metric"].get("instance", ""): float(u["value"][1]) for u in after}
         latency = time.monotonic() - t0
         by_instance: dict[str, list[dict]] = {}
         roles: dict[str, Role | None] = {}
@@ -157,13 +185,16 @@ class PrometheusSource:
             if role in ("prefill", "decode"):
                 roles[inst] = role
         up = {u["metric"].get("instance", ""): float(u["value"][1]) for u in ups}
-        scraped_at = {u["metric"].get("instance", ""): float(u["value"][1]) for u in stamps}
         for u in ups:
             r = u["metric"].get(self.role_label)
             if r in ("prefill", "decode"):
                 roles.setdefault(u["metric"].get("instance", ""), r)
         results = []
-        for inst in sorted(set(up) | set(by_instance)):
+        # targets in the order of `names` (then of discovery): rows, and so every float sum
+        # over them, come in the same order as a direct collector given the same endpoints
+        order = {inst: i for i, inst in enumerate(self._names)}
+        instances = sorted(set(up) | set(by_instance), key=lambda i: (order.get(i, len(order)), i))
+        for inst in instances:
             role = self._roles.get(inst) or roles.get(inst)
             name = self._name_for(inst, role)
             wall = scraped_at.get(inst, time.time())
@@ -200,6 +231,14 @@ class PrometheusSource:
         out = [f"# TYPE {f} {t}" for f, t in sorted(families.items())]
         out += [f"{n}{{{lab}}} {v}" if lab else f"{n} {v}" for n, lab, v in rows]
         return "\n".join(out) + "\n"
+
+    def _unknown_families(self, samples: list[dict]) -> bool:
+        """Whether a sample's family has no type yet (metadata not fetched since it appeared):
+        untyped, a counter would be read as a gauge until the next metadata refresh."""
+        names = {s["metric"].get("__name__", "") for s in samples}
+        unknown = {n for n in names if self._family_of(_vllm_name(n)) is None} - self._untyped
+        self._untyped |= unknown  # asked once: some series never get metadata
+        return bool(unknown)
 
     def _family_of(self, name: str) -> tuple[str, str] | None:
         types = self._types

@@ -1,0 +1,429 @@
+"""Sharded reduction: merged partial reductions are exactly the one-shot reduction.
+
+Two halves:
+
+* pure (no Ray): a poll's ``EngineInput`` rows, from simulated-fleet bodies and the real vLLM
+  0.32 captures parsed with ``fleetscope.exposition.Parser``, are cut into random contiguous
+  parts (empty ones included: a shard whose endpoints all failed).
+  ``finish_reduce(merge_partials([partial_reduce(part) ...]))`` must give *bit-identical*
+  per-engine rows and scope statistics (rates, quantiles, pooled ratios...) to
+  ``reduce_poll(all)``, with prefill/decode roles, user groups, mixed bucket layouts (a server
+  with another ``max_model_len``, an engine with other TTFT buckets), a bucket layout changed
+  mid-run, restarts, lazy series and baseline-only newcomers;
+* Ray (a real local cluster, never skipped): ``ShardedCollector`` with 2 and 4 shards against
+  one ``Collector`` on the same simulated fleet, stepped only between polls (frozen states):
+  identical key sets, identical values for every key that does not depend on a collector's own
+  clock, rates = increase / that collector's own seconds; a shard's failing endpoint shows in
+  the driver's ``scrape_failures`` and ``engines_reporting``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import ray  # not importorskip: CI installs Ray, and a missing Ray must fail loudly
+
+from conftest import VLLM_DIR
+from fleetscope.collector import Collector
+from fleetscope.exposition import Parser
+from fleetscope.fleet import FleetState, ScrapeResult
+from fleetscope.sharded import ShardedCollector, shard_endpoints
+from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope.sources.http import Endpoint
+from fleetscope.stats.reduce import (
+    EngineInput,
+    PollStats,
+    finish_reduce,
+    merge_partials,
+    partial_reduce,
+    reduce_poll,
+)
+
+WALL0 = 1_795_000_000.0
+TTFT = "vllm:time_to_first_token_seconds"
+
+# ----------------------------------------------------------------------------- pure half
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """Bit patterns of a float array (NaN == NaN, -0.0 != 0.0): exact comparison."""
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.int64)
+
+
+def assert_identical(got: PollStats, want: PollStats) -> None:
+    assert got.engine_ids == want.engine_ids
+    assert got.columns == want.columns
+    assert got.kinds == want.kinds
+    assert list(got.roles) == list(want.roles)
+    assert np.array_equal(got.is_engine, want.is_engine)
+    assert np.array_equal(_bits(got.seconds), _bits(want.seconds))
+    assert got.matrix.shape == want.matrix.shape
+    assert np.array_equal(_bits(got.matrix), _bits(want.matrix)), "per-engine matrix differs"
+    assert list(got.scopes) == list(want.scopes)
+    for name, want_scope in want.scopes.items():
+        got_scope = got.scopes[name]
+        assert got_scope.engines == want_scope.engines, name
+        assert list(got_scope.metrics) == list(want_scope.metrics), name
+        for metric, stats in want_scope.metrics.items():
+            g = got_scope.metrics[metric]
+            assert list(g) == list(stats), (name, metric)
+            for stat, v in stats.items():
+                # bit-identical, not approximately equal
+                assert np.float64(g[stat]).view(np.int64) == np.float64(v).view(np.int64), (
+                    name,
+                    metric,
+                    stat,
+                    g[stat],
+                    v,
+                )
+
+
+def random_splits(n: int, rng: random.Random, max_parts: int = 6) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) parts covering range(n); empty parts allowed."""
+    k = rng.randint(1, max_parts)
+    cuts = sorted(rng.randint(0, n) for _ in range(k - 1))
+    edges = [0, *cuts, n]
+    return list(itertools.pairwise(edges))
+
+
+def sharded_reduce(
+    inputs: Sequence[EngineInput], splits: Sequence[tuple[int, int]], extra: Sequence[str] = ()
+) -> PollStats:
+    parts = [partial_reduce(inputs[a:b], extra_scopes=extra) for a, b in splits]
+    return finish_reduce(merge_partials(parts))
+
+
+# endpoint name -> (role, dp, max_model_len, groups)
+SIM_LAYOUT: dict[str, tuple[str | None, int, int, tuple[str, ...]]] = {
+    "prefill0": ("prefill", 1, 512, ("model-a", "node0")),
+    "prefill1": ("prefill", 2, 1024, ("model-a", "node1")),
+    "decode0": ("decode", 2, 512, ("model-a", "node0")),
+    "decode1": ("decode", 1, 1024, ("model-b",)),
+    "server0": (None, 1, 512, ("model-b", "node1")),
+    "decode2": ("decode", 3, 512, ()),
+}
+
+
+def _sim_fleet(seed: int) -> SimFleet:
+    fleet = SimFleet(seed=seed, wall_start=WALL0)
+    for name, (role, dp, max_len, _groups) in SIM_LAYOUT.items():
+        fleet.add_endpoint(role=role, dp=dp, max_model_len=max_len, name=name)
+    # one engine with its own TTFT buckets: pooled on the intersection of bounds
+    fleet.endpoint("decode0").change_buckets(TTFT, [0.01, 0.05, 0.1, 0.5, 1.0, 5.0], engine=1)
+    return fleet
+
+
+class _Poller:
+    """Parses bodies per endpoint (one Parser each) and folds them into a FleetState."""
+
+    def __init__(self) -> None:
+        self.parsers: dict[str, Parser] = {}
+        self.state = FleetState()
+        self.meta: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+
+    def poll(self, bodies: dict[str, str | bytes], t: float) -> list[EngineInput]:
+        scrapes = []
+        for i, (name, body) in enumerate(bodies.items()):
+            role, groups = self.meta[name]
+            arrived = t + 0.0137 * i  # every endpoint has its own response time
+            expo = self.parsers.setdefault(name, Parser()).parse(
+                body, time=arrived, wall_time=WALL0 + arrived
+            )
+            scrapes.append(
+                ScrapeResult(name, expo, arrived, WALL0 + arrived, role=role, groups=groups)
+            )
+        inputs, _deltas, _restarts = self.state.fold(scrapes)
+        return inputs
+
+
+def _fixture(name: str) -> str:
+    return (VLLM_DIR / name).read_text(encoding="utf-8")
+
+
+def poll_sequence(seed: int) -> list[list[EngineInput]]:
+    """Several polls of a heterogeneous fleet: simulated endpoints plus the real captures."""
+    fleet = _sim_fleet(seed)
+    p = _Poller()
+    for name, (role, _dp, _len, groups) in SIM_LAYOUT.items():
+        p.meta[name] = (role, groups)
+    p.meta["real-dp2"] = ("decode", ("model-real",))
+    p.meta["real-single"] = ("prefill", ("model-real", "node0"))
+    p.meta["late0"] = ("decode", ("model-b",))
+
+    def bodies(real_dp2: str, real_single: str) -> dict[str, str | bytes]:
+        out: dict[str, str | bytes] = dict(fleet.render_all())
+        out["real-dp2"] = _fixture(real_dp2)
+        out["real-single"] = _fixture(real_single)
+        return out
+
+    polls = []
+    fleet.step(1.5)
+    polls.append(p.poll(bodies("dp2_idle.prom", "single_idle.prom"), 10.0))  # baselines
+    fleet.step(2.0)
+    polls.append(p.poll(bodies("dp2_load.prom", "single_load.prom"), 12.0))
+    # mid-run: a restart, a lazily created series, a bucket layout change, a newcomer
+    fleet.endpoint("decode2").restart()
+    fleet.endpoint("prefill1").add_lazy_series("vllm:request_success_total", "timeout")
+    fleet.endpoint("decode1").change_buckets(TTFT, [0.001, 0.01, 0.1, 1.0, 10.0])
+    fleet.add_endpoint(role="decode", dp=2, name="late0")
+    fleet.step(2.5)
+    polls.append(p.poll(bodies("dp2_load.prom", "single_after.prom"), 14.5))
+    fleet.step(3.0)
+    polls.append(p.poll(bodies("dp2_load.prom", "single_after.prom"), 17.5))
+    return polls
+
+
+@pytest.fixture(scope="module")
+def polls() -> list[list[EngineInput]]:
+    return poll_sequence(seed=7)
+
+
+def test_inputs_cover_what_the_merge_must_handle(polls):
+    """The data really has roles, groups, mixed bucket layouts, restarts and baselines."""
+    last = polls[-1]
+    roles = {i.role for i in last}
+    assert {"prefill", "decode", None} <= roles
+    assert {g for i in last for g in i.groups} >= {"model-a", "model-b", "model-real", "node0"}
+    assert any(not i.is_engine for i in last)  # endpoint rows (API-server counters)
+    assert all(i.delta.baseline_only for i in polls[0])
+    newcomer = [i.delta.baseline_only for i in polls[2] if i.engine_id.startswith("late0")]
+    assert newcomer and all(newcomer)  # baseline-only rows next to rows with deltas
+    assert any(i.delta.restarted for i in polls[2])
+    assert any(i.delta.series_new for p in polls[2:] for i in p)  # lazy `timeout` series
+    bounds = {
+        h.bounds for i in last for h in i.delta.layout.histograms if h.name == TTFT and h.bounds
+    }
+    assert len(bounds) >= 3, bounds  # three TTFT layouts pooled together
+    stats = reduce_poll(last)
+    for scope in ("agg", "decode", "model-b"):
+        assert "p99" in stats.scopes[scope].metrics["time_to_first_token_seconds"], scope
+    assert "pooled" in stats.scopes["agg"].metrics["prefix_cache_hit_rate"]
+    assert stats.scopes["agg"].metrics["generation_tokens_total"]["delta"] > 0
+
+
+@pytest.mark.parametrize("poll_index", [0, 1, 2, 3])
+def test_merged_partials_equal_one_reduction(polls, poll_index):
+    inputs = polls[poll_index]
+    want = reduce_poll(inputs)
+    rng = random.Random(1000 + poll_index)
+    n = len(inputs)
+    cases = [[(0, n)], [(0, 0), (0, n)], [(i, i + 1) for i in range(n)]]  # one row per part
+    cases += [random_splits(n, rng) for _ in range(2 if poll_index == 0 else 5)]
+    for splits in cases:
+        assert_identical(sharded_reduce(inputs, splits), want)
+
+
+def test_extra_scopes_and_groups_in_one_part_only(polls):
+    """A group whose engines are all in one part, and a declared scope no engine is in."""
+    inputs = polls[-1]
+    extra = ("empty-scope", "model-real")
+    want = reduce_poll(inputs, extra_scopes=extra)
+    assert want.scopes["empty-scope"].engines == 0
+    rng = random.Random(5)
+    for _ in range(3):
+        splits = random_splits(len(inputs), rng)
+        assert_identical(sharded_reduce(inputs, splits, extra), want)
+
+
+def test_another_seed():
+    for seed in (2,):
+        inputs = poll_sequence(seed)[-1]
+        want = reduce_poll(inputs)
+        rng = random.Random(seed)
+        for _ in range(3):
+            assert_identical(sharded_reduce(inputs, random_splits(len(inputs), rng)), want)
+
+
+def test_shard_endpoints_is_contiguous_and_balanced():
+    eps = [Endpoint(f"http://x{i}") for i in range(10)]
+    for shards in (1, 2, 3, 4, 10, 20):
+        parts = shard_endpoints(eps, shards)
+        assert [e for p in parts for e in p] == eps
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+
+
+# ----------------------------------------------------------------------------- Ray half
+
+# endpoint roles of the served fleet, in order (names: prefill0.., decode0.., server0)
+RAY_ROLES: list[str | None] = ["prefill", "prefill", "decode", "decode", "decode", None, "decode"]
+RAY_DP = [1, 2, 2, 1, 2, 1, 2]
+FAILING = "decode3"  # in the last shard with 2 and with 4 shards
+
+
+def clock_dependent(key: str) -> bool:
+    """Keys whose value depends on when the collector's own responses arrived."""
+    return (
+        ":rate" in key  # rates and their spread (`.../x:rate/cv`)
+        or "scrape_latency_seconds" in key
+        # judged over the collector's seconds (stall time, rate ratios)
+        or key.endswith(("/generation_stalled", "/engine_outlier"))
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request):
+    # short private temp dir: Ray's unix socket paths must stay under ~107 characters
+    tmp = tempfile.mkdtemp(prefix="fsshard-", dir="/tmp")
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "TMPDIR")}
+
+    def finish() -> None:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    request.addfinalizer(finish)
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["TMPDIR"] = tmp
+    return ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=tmp,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
+
+
+def _served_fleet() -> SimFleet:
+    fleet = SimFleet(seed=11)
+    for role, dp in zip(RAY_ROLES, RAY_DP, strict=True):
+        fleet.add_endpoint(role=role, dp=dp)
+    return fleet
+
+
+def _compare(got: dict[str, float], want: dict[str, float], label: str) -> int:
+    assert set(got) == set(want), (
+        label,
+        sorted(set(got) ^ set(want))[:20],
+    )
+    compared = 0
+    for k, v in want.items():
+        if clock_dependent(k):
+            continue
+        # exact: the same scrapes, the same arithmetic, whatever the sharding
+        assert got[k] == v or (math.isnan(got[k]) and math.isnan(v)), (label, k, got[k], v)
+        compared += 1
+    return compared
+
+
+def _check_rates(stats: PollStats, prev: PollStats, span: float, label: str) -> None:
+    """rate = increase / seconds, with this collector's own per-engine seconds."""
+    checked = engines = 0
+    pairs = [
+        ("generation_tokens_total:rate", "generation_tokens_total"),
+        ("prompt_tokens_total:rate", "prompt_tokens_total"),
+        ("time_to_first_token_seconds:rate", "time_to_first_token_seconds_count"),
+    ]
+    for i, eid in enumerate(stats.engine_ids):
+        if not stats.is_engine[i] or eid not in prev.engine_ids:
+            continue
+        engines += 1
+        sec = float(stats.seconds[i])
+        # the interval is this collector's: its two responses, inside the driver's span
+        assert 0 < sec <= span, (label, eid, sec, span)
+        j = prev.engine_ids.index(eid)
+        for rate_col, total_col in pairs:
+            rate = stats.matrix[i, stats.columns.index(rate_col)]
+            increase = (
+                stats.matrix[i, stats.columns.index(total_col)]
+                - prev.matrix[j, prev.columns.index(total_col)]
+            )
+            assert rate * sec == pytest.approx(increase, rel=1e-9, abs=1e-9), (label, eid, rate_col)
+            checked += 1
+    assert engines >= sum(RAY_DP) - RAY_DP[-1] and checked == 3 * engines, (label, checked)
+
+
+async def _poll_all(collectors: dict[str, Collector]) -> tuple[dict, float, float]:
+    t0 = time.monotonic()
+    views = {}
+    for name, c in collectors.items():  # one after another: all see the same frozen bodies
+        views[name] = await c.poll()
+    return views, t0, time.monotonic()
+
+
+def test_sharded_collector_matches_one_collector(ray_cluster):
+    fleet = _served_fleet()
+    fleet.step(1.0)
+    with FleetServer(fleet) as server:
+        eps = [
+            Endpoint(url, role=ep.role)
+            for url, ep in zip(server.urls, fleet.endpoints, strict=True)
+        ]
+        shards_of = {2: shard_endpoints(eps, 2), 4: shard_endpoints(eps, 4)}
+        for parts in shards_of.values():  # the failing endpoint is not in the first shard
+            assert FAILING not in {e.name for e in parts[0]}
+        asyncio.run(_run_collectors(fleet, eps))
+
+
+async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
+    collectors: dict[str, Collector] = {
+        "one": Collector(eps, interval=5.0),
+        "shards2": ShardedCollector(eps, shards=2, interval=5.0),
+        "shards4": ShardedCollector(eps, shards=4, interval=5.0),
+    }
+    assert [e.name for e in collectors["one"].endpoints][-2:] == ["server0", FAILING]
+    gen = "inference/agg/generation_tokens_total/delta"
+    truth0 = fleet.truth_total("vllm:generation_tokens_total")
+    totals = dict.fromkeys(collectors, 0.0)
+    try:
+        history = []
+        for step in range(3):  # baselines; FAILING answers HTTP 500; it is back
+            if step:
+                fleet.step(2.0)
+            if step == 1:
+                fleet.endpoint(FAILING).set_http_error(500)
+            if step == 2:
+                fleet.endpoint(FAILING).clear_faults()
+            views, t0, t1 = await _poll_all(collectors)
+            history.append((views, t0))
+            keys = {name: v.keys for name, v in views.items()}
+            for name in ("shards2", "shards4"):
+                n = _compare(keys[name], keys["one"], f"step {step} {name}")
+                assert n > 500, n
+            for name, v in views.items():
+                totals[name] += v.keys.get(gen, 0.0)
+            agg = keys["one"]
+            if step == 0:
+                assert gen not in agg  # baselines only
+                continue
+            prev_views, prev_t0 = history[-2]
+            for name, v in views.items():
+                _check_rates(v.result.stats, prev_views[name].result.stats, t1 - prev_t0, name)
+            failed = step == 1
+            dp_failed = RAY_DP[-1]
+            for name, k in keys.items():
+                assert k["inference/agg/scrape_failures"] == float(failed), name
+                assert k["inference/decode/scrape_failures"] == float(failed), name
+                assert k["inference/agg/scrape_failures_total"] == 1.0, name
+                assert k["inference/health/scrape_failed"] == float(failed), name
+                assert k["inference/agg/endpoints_reporting"] == len(eps) - failed, name
+                assert k["inference/agg/engines_reporting"] == sum(RAY_DP) - failed * dp_failed
+                assert k["inference/decode/engines_reporting"] == (
+                    sum(d for d, r in zip(RAY_DP, RAY_ROLES, strict=True) if r == "decode")
+                    - failed * dp_failed
+                ), name
+                assert (f"inference/{FAILING}.0/num_requests_running" in k) == (not failed)
+                # roles reach the driver: a prefill engine's ~0 generation never pins decode
+                assert k["inference/health/engine_outlier"] == 0.0, name
+        # the failed poll's increase is counted at the next success: run totals are exact
+        want = fleet.truth_total("vllm:generation_tokens_total") - truth0
+        for name, total in totals.items():
+            assert total == want, (name, total, want)
+    finally:
+        for c in collectors.values():
+            await c.stop()
