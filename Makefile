@@ -1,7 +1,7 @@
 # The README's Quick start commands. `make test` is also what CI runs (.ci/run).
 PYTHON ?= python3
 
-.PHONY: demo test test-deps lint bench
+.PHONY: demo test test-deps test-real lint bench
 
 demo:
 	$(PYTHON) -m pip install -q -e ".[wandb]"
@@ -12,6 +12,12 @@ test-deps:
 
 test: test-deps
 	$(PYTHON) -m pytest -q
+
+# fleetscope against real vLLM servers (CPU build, cached venv in .ci-cache/vllm-venv): a single
+# engine and a data-parallel-2 server, a mixed load, Prometheus as the oracle (tests/real/).
+# SAVE_BODIES=1 writes the scraped bodies to tests/data/real-vllm/ (versioned test data).
+test-real: test-deps
+	$(PYTHON) scripts/real_vllm/run.py $(if $(SAVE_BODIES),--out tests/data/real-vllm)
 
 lint:
 	ruff check src tests benchmarks
