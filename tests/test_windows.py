@@ -62,15 +62,15 @@ class Rig:
         return Collector(self.endpoints, **kw)
 
     def expected_coverage(
-        self, start: dict[str, float], end: dict[str, float], active: float
+        self, start: dict[str, float], end: dict[str, float], stop: dict[str, float]
     ) -> float:
         """Engine-seconds each engine was covered (from its own scrape at the start boundary
-        to its own last successful scrape) / (engines x active seconds), at most 1. Active
-        seconds run between the boundary polls' latest responses, so scrape-time jitter alone
-        moves a clean window's coverage by (response spread) / (active seconds)."""
+        to its own last successful scrape) / engine-seconds it should have been covered (to its
+        own scrape at the stop boundary, or that boundary's time if it did not answer)."""
         n = {ep.name: len(ep.engines) for ep in self.fleet.endpoints}
         covered = sum(n[e] * (end[e] - start[e]) for e in n)
-        return min(1.0, covered / (sum(n.values()) * active))
+        want = sum(n[e] * (stop[e] - start[e]) for e in n)
+        return min(1.0, covered / want)
 
 
 def scrape_times(c: Collector) -> dict[str, float]:
@@ -142,8 +142,8 @@ async def test_window_totals_equal_ground_truth_per_scope() -> None:
     secs = keys["inference/train/active_seconds"]
     # every engine covered from its own start-boundary scrape to its own stop-boundary scrape
     cov = keys["inference/train/coverage"]
-    assert cov == pytest.approx(r.expected_coverage(s0, s1, secs), rel=1e-9)
-    assert cov > 0.8
+    assert cov == pytest.approx(r.expected_coverage(s0, s1, s1), rel=1e-9)
+    assert cov == 1.0  # nothing failed: every engine covered boundary to boundary
     assert 0.05 < secs < 5
     for m in ("generation_tokens_total", "prompt_tokens_total"):
         for scope in SCOPES:
@@ -161,7 +161,7 @@ async def test_fault_inside_window_keeps_totals_exact(fault: str) -> None:
         await c.poll()
         train = c.window("train")
         await train.astart()
-        t0, s0 = r.truth_all(), scrape_times(c)
+        t0 = r.truth_all()
         await step_and_poll(r, c)
         if fault == "http_error":  # decode0 answers 500 to exactly one poll
             r.fleet.step(1.0)
@@ -184,7 +184,7 @@ async def test_fault_inside_window_keeps_totals_exact(fault: str) -> None:
         await step_and_poll(r, c, n=2)
         r.fleet.step(1.0)
         keys = await train.astop()
-        t1, s1 = r.truth_all(), scrape_times(c)
+        t1 = r.truth_all()
         await c.stop()
     for scope in SCOPES:
         want = diff(t1[scope], t0[scope])
@@ -194,9 +194,7 @@ async def test_fault_inside_window_keeps_totals_exact(fault: str) -> None:
         assert window_totals(keys, "inference/train", scope) == want, scope
     # a failed scrape in the middle costs no coverage: the next success spans the gap exactly;
     # a reset restarts its series from 0 and voids nothing
-    secs = keys["inference/train/active_seconds"]
-    want = r.expected_coverage(s0, s1, secs)
-    assert keys["inference/train/coverage"] == pytest.approx(want, rel=1e-9)
+    assert keys["inference/train/coverage"] == 1.0
     restarts = keys["inference/train/engine_restarts"]
     if fault == "http_error":
         assert keys["inference/train/failed_scrapes"] == 1
@@ -260,6 +258,8 @@ async def test_failed_scrape_at_window_end_lowers_coverage_and_moves_delta_to_id
         r.fleet.endpoint("decode0").set_http_error(503)
         keys = await train.astop()
         t1, s1 = r.truth_all(), scrape_times(c)
+        assert c.last is not None
+        stop_time = c.last.result.time  # the stop boundary poll's time
         d_end = r.truth(endpoint="decode0")
         r.fleet.endpoint("decode0").clear_faults()
         await step_and_poll(r, c)  # idle: decode0 recovers, over the longer interval
@@ -274,9 +274,9 @@ async def test_failed_scrape_at_window_end_lowers_coverage_and_moves_delta_to_id
     assert window_totals(keys, "inference/train", "prefill") == diff(t1["prefill"], t0["prefill"])
     assert keys["inference/train/failed_scrapes"] == 1
     # decode0's 2 engines (of 6) are covered only up to their last successful scrape
-    secs = keys["inference/train/active_seconds"]
     assert "decode0" not in s1
-    want = r.expected_coverage(s0, {**s1, "decode0": s_seen["decode0"]}, secs)
+    stop = {**s1, "decode0": stop_time}  # it did not answer: the boundary poll's time
+    want = r.expected_coverage(s0, {**s1, "decode0": s_seen["decode0"]}, stop)
     assert keys["inference/train/coverage"] == pytest.approx(want, rel=1e-9)
     assert keys["inference/train/coverage"] < 0.9  # the last ~0.4 s of ~0.5 s
     # nothing is lost from the run: idle has the rest, combined is exact

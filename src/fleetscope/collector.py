@@ -252,14 +252,16 @@ class Collector:
         self.windows.check(action, label)  # misuse raises before anything is scraped
         view = await self.poll()
         now = view.result.time
+        # each engine's own scrape time at this boundary: coverage is judged engine by engine
+        times = {i.engine_id: i.delta.current.time for i in view.result.inputs if i.is_engine}
         if action == "start":
-            self.windows.start(label, now)
+            self.windows.start(label, now, times)
         elif action == "pause":
-            self.windows.pause(label, now)
+            self.windows.pause(label, now, times)
         elif action == "resume":
-            self.windows.resume(label, now)
+            self.windows.resume(label, now, times)
         else:
-            w = self.windows.stop(label, now)
+            w = self.windows.stop(label, now, times)
             keys = self._interval_keys(w.acc, label, summary=False)
             if self.sinks and keys:
                 await asyncio.get_running_loop().run_in_executor(

@@ -127,6 +127,10 @@ class Accumulator:
         self.polls = 0
         self.failed_scrapes = 0
         self.engine_restarts = 0
+        # windows: engine-seconds each engine should have covered, from boundary to boundary
+        self.expected: dict[str, float] = {}
+        self._open: dict[str, float] | None = None
+        self._open_default = 0.0
 
     def add(
         self,
@@ -181,6 +185,8 @@ class Accumulator:
         self.failed_scrapes += other.failed_scrapes
         self.engine_restarts += other.engine_restarts
         self.active_seconds += other.active_seconds
+        for e, v in other.expected.items():
+            self.expected[e] = self.expected.get(e, 0.0) + v
         for eid, o in other.engines.items():
             acc = self.engines.get(eid)
             if acc is None:
@@ -207,12 +213,35 @@ class Accumulator:
 
     # ------------------------------------------------------------------ results
 
+    def open_span(self, now: float, times: Mapping[str, float]) -> None:
+        """A window opens (start / resume): each engine's own scrape time at that boundary."""
+        self._open = dict(times)
+        self._open_default = now
+
+    def close_span(self, now: float, times: Mapping[str, float]) -> None:
+        """A window closes (pause / stop): every engine should have been covered from its time
+        at the opening boundary to its time at this one (the boundary's time if it did not
+        answer, so a failed last scrape shows as missing coverage)."""
+        if self._open is None:
+            return
+        engines = set(self._open) | set(times) | {e for e, a in self.engines.items() if a.is_engine}
+        for e in engines:
+            start = self._open.get(e, self._open_default)
+            end = times.get(e, now)
+            self.expected[e] = self.expected.get(e, 0.0) + max(0.0, end - start)
+        self._open = None
+
     def coverage(self) -> float | None:
-        """Engine-seconds with exact deltas / (engines x active seconds)."""
-        engines = [a for a in self.engines.values() if a.is_engine]
+        """Engine-seconds with exact deltas / engine-seconds the interval should cover."""
+        engines = {e: a for e, a in self.engines.items() if a.is_engine}
+        if self.expected:
+            want = sum(self.expected.values())
+            got = sum(min(a.covered, self.expected.get(e, 0.0)) for e, a in engines.items())
+            return None if want <= 0 else round(min(1.0, got / want), 12)
         if not engines or self.active_seconds <= 0:
             return None
-        return min(1.0, sum(a.covered for a in engines) / (len(engines) * self.active_seconds))
+        covered = sum(a.covered for a in engines.values())
+        return min(1.0, covered / (len(engines) * self.active_seconds))
 
     def stats(self, prefixes: Iterable[str] | None = None) -> PollStats | None:
         """Reduce the sums: totals (``delta``), rates over active seconds, pooled ratios and
@@ -268,6 +297,7 @@ class Accumulator:
             "polls": self.polls,
             "failed_scrapes": self.failed_scrapes,
             "engine_restarts": self.engine_restarts,
+            "expected": dict(self.expected),
             "engines": engines,
         }
 
@@ -278,6 +308,7 @@ class Accumulator:
         acc.polls = int(state["polls"])
         acc.failed_scrapes = int(state["failed_scrapes"])
         acc.engine_restarts = int(state["engine_restarts"])
+        acc.expected = {k: float(v) for k, v in state.get("expected", {}).items()}
         for eid, e in state["engines"].items():
             expo = Parser(identity_labels=("__none__",)).parse(e["layout"], time=0.0, wall_time=0.0)
             snap = next(iter(expo.values()))
@@ -441,33 +472,38 @@ class WindowSet:
         elif action not in ("start", "pause", "resume", "stop"):
             raise WindowError(f"unknown window action {action!r}")
 
-    def start(self, label: str, now: float) -> Window:
+    def start(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
+        """Open a window; ``times``: each engine's scrape time in the boundary poll."""
         self.check("start", label)
         w = Window(label, Accumulator(label), "active", now, now)
+        w.acc.open_span(now, times or {})
         self.active[label] = w
         return w
 
-    def pause(self, label: str, now: float) -> Window:
+    def pause(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
         self.check("pause", label)
         w = self.active.pop(label)
         w.acc.add_seconds(now - (w.resumed_at or now))
+        w.acc.close_span(now, times or {})
         w.state = "paused"
         self.paused[label] = w
         return w
 
-    def resume(self, label: str, now: float) -> Window:
+    def resume(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
         self.check("resume", label)
         w = self.paused.pop(label)
         w.state = "active"
         w.resumed_at = now
+        w.acc.open_span(now, times or {})
         self.active[label] = w
         return w
 
-    def stop(self, label: str, now: float) -> Window:
+    def stop(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
         self.check("stop", label)
         w = self.active.pop(label, None)
         if w is not None:
             w.acc.add_seconds(now - (w.resumed_at or now))
+            w.acc.close_span(now, times or {})
         else:
             w = self.paused.pop(label)
         w.state = "stopped"

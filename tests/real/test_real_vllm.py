@@ -90,13 +90,6 @@ def test_no_fleetscope_warnings(real_run: RealRun):
     assert real_run.window_keys[f"inference/{WINDOW}/polls"] == len(real_run.views) - 2
 
 
-@pytest.mark.xfail(
-    reason="fleetscope bug (reported): window coverage = Σ engine-seconds / (engines × window "
-    "seconds) mixes each endpoint's own response times with the poll's (latest response) "
-    "time, so a window where every scrape succeeded reports 0.997 or (capped) 1.0 depending "
-    "on which endpoint answered last at each boundary",
-    strict=False,
-)
 def test_window_coverage_is_complete(real_run: RealRun):
     assert real_run.window_keys[f"inference/{WINDOW}/coverage"] == pytest.approx(1.0, abs=1e-9)
 
