@@ -13,7 +13,7 @@ test-deps:
 test: test-deps
 	$(PYTHON) -m pytest -q
 
-# fleetscope against real vLLM servers (CPU build, cached venv in .ci-cache/vllm-venv): a single
+# fleetscope against real vLLM servers (CPU build, cached venv in ~/.cache/fleetscope/vllm-venv): a single
 # engine and a data-parallel-2 server, a mixed load, Prometheus as the oracle (tests/real/).
 # SAVE_BODIES=1 writes the scraped bodies to tests/data/real-vllm/ (versioned test data).
 test-real: test-deps

