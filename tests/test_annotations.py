@@ -215,6 +215,34 @@ def test_as_a_collector_sink(grafana: FakeGrafana) -> None:
     assert "status:failed" in grafana.requests[1]["body"]["tags"]
 
 
+def test_collector_windows_become_regions(grafana: FakeGrafana) -> None:
+    """The collector announces its windows to the annotator: one region per window."""
+    from fleetscope.collector import Collector
+    from fleetscope.simulate import FleetServer, SimFleet
+
+    ann = GrafanaAnnotator(grafana.url, run_id="windows-run")
+    fleet = SimFleet.build(1, dp=1, seed=6)
+
+    async def run(urls: list[str]) -> None:
+        collector = Collector(urls, interval=3600, sinks=[ann], timeout=2.0)
+        async with collector.window("train"):
+            fleet.step(1.0)
+        await collector.stop()
+
+    with FleetServer(fleet) as server:
+        asyncio.run(run(server.urls))
+    calls = [(r["method"], r["path"]) for r in grafana.requests]
+    assert calls == [
+        ("POST", "/api/annotations"),  # the run, at the first poll
+        ("POST", "/api/annotations"),  # the train window
+        ("PUT", "/api/annotations/2"),  # the window ends
+        ("PUT", "/api/annotations/1"),  # the run ends, status:success
+    ]
+    assert "window:train" in grafana.requests[1]["body"]["tags"]
+    assert "timeEnd" in grafana.requests[2]["body"]
+    assert "status:success" in grafana.requests[3]["body"]["tags"]
+
+
 def test_sink_hooks_and_close(grafana: FakeGrafana) -> None:
     ann = GrafanaAnnotator(grafana.url, run_id="hooks")
     ann.log({"x": 1.0}, step=0, wall_time=time.time())

@@ -22,8 +22,8 @@ Wiring it to a :class:`~fleetscope.collector.Collector`: pass it as a sink. Its 
 opens the run region at the first poll (with ``run_id`` given here), and ``log_summary()``,
 which the collector calls from ``stop(status=...)``, closes it with the summary's
 ``run_status`` (``success`` / ``failed``); ``close()`` closes whatever is still open. The
-collector does not announce windows to sinks, so open window regions next to the collector's
-windows::
+collector announces its windows to sinks that have ``on_window_start`` / ``on_window_stop``,
+so each window becomes a region by itself::
 
     from fleetscope.annotations import GrafanaAnnotator
     from fleetscope.collector import Collector
@@ -31,9 +31,8 @@ windows::
     grafana = GrafanaAnnotator("https://grafana.example.com", run_id="run-42")
     collector = Collector(urls, sinks=[wandb_sink, grafana])
     async with collector:
-        async with collector.window("train"):
-            with grafana.window("train"):          # or window_start / window_end
-                ...
+        async with collector.window("train"):      # -> a "window:train" region
+            ...
     # collector.stop() -> log_summary({"run_status": ...}) -> PUT timeEnd + status:success
 
 Or drive it directly: ``start_run("run-42")`` ... ``finish_run("failed")``. The hook names

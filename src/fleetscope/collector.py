@@ -254,6 +254,12 @@ class Collector:
         now = view.result.time
         # each engine's own scrape time at this boundary: coverage is judged engine by engine
         times = {i.engine_id: i.delta.current.time for i in view.result.inputs if i.is_engine}
+        if action in ("start", "stop") and self.sinks:
+            # sinks that mark windows (Grafana annotation regions) hear of the boundary
+            hook = "on_window_start" if action == "start" else "on_window_stop"
+            await asyncio.get_running_loop().run_in_executor(
+                self._sink_pool, self._notify_sinks, hook, label
+            )
         if action == "start":
             self.windows.start(label, now, times)
         elif action == "pause":
@@ -331,6 +337,16 @@ class Collector:
             await asyncio.get_running_loop().run_in_executor(
                 self._sink_pool, self._log_summary, summary
             )
+
+    def _notify_sinks(self, hook: str, label: str) -> None:
+        for sink in self.sinks:
+            fn = getattr(sink, hook, None)
+            if fn is None:
+                continue
+            try:
+                fn(label)
+            except Exception as e:
+                self._warner.warn(f"sink-{hook}", f"{hook} of {sink!r} failed: {e!r}")
 
     def _log_summary(self, summary: Mapping[str, float | str]) -> None:
         for sink in self.sinks:
