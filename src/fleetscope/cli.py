@@ -248,9 +248,8 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     return 0 if ok or not args.strict else 1
 
 
-def _add_grafana_parsers(sub: argparse._SubParsersAction) -> None:
-    """``dashboard grafana`` and ``annotate`` (the ``dashboard`` group is shared with other
-    dashboard kinds: it is created here only if nobody created it before)."""
+def _dashboard_kinds(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """The ``dashboard KIND`` group, created by whichever dashboard kind is added first."""
     dash = sub.choices.get("dashboard")
     if dash is None:
         dash = sub.add_parser("dashboard", help="generate dashboards from code")
@@ -259,6 +258,13 @@ def _add_grafana_parsers(sub: argparse._SubParsersAction) -> None:
     if kinds is None:
         kinds = dash.add_subparsers(dest="dashboard_kind", metavar="KIND")
         dash.fleetscope_kinds = kinds
+    return kinds
+
+
+def _add_grafana_parsers(sub: argparse._SubParsersAction) -> None:
+    """``dashboard grafana`` and ``annotate`` (the ``dashboard`` group is shared with other
+    dashboard kinds: it is created here only if nobody created it before)."""
+    kinds = _dashboard_kinds(sub)
     g = kinds.add_parser(
         "grafana",
         help="a Grafana dashboard (JSON) for vLLM series scraped by Prometheus",
@@ -347,14 +353,7 @@ def cmd_dashboard_wandb(args: argparse.Namespace) -> int:
 
 def _add_wandb_dashboard_parser(sub: argparse._SubParsersAction) -> None:
     """``dashboard wandb`` (the ``dashboard`` group is shared: created here if missing)."""
-    dash = sub.choices.get("dashboard")
-    if dash is None:
-        dash = sub.add_parser("dashboard", help="generate dashboards from code")
-        dash.set_defaults(func=lambda a: dash.print_help() or 2)
-    kinds = getattr(dash, "fleetscope_kinds", None)
-    if kinds is None:
-        kinds = dash.add_subparsers(dest="dashboard_kind", metavar="KIND")
-        dash.fleetscope_kinds = kinds
+    kinds = _dashboard_kinds(sub)
     w = kinds.add_parser(
         "wandb",
         help="a W&B workspace view with the inference section (wandb-workspaces)",

@@ -157,6 +157,18 @@ def prime_rl_keys(stats: PollStats, prefix: str = "inference", budget: int = DEF
     return out
 
 
+def _skyrl_position_keys(
+    metrics: Mapping[str, Mapping[str, float]], sbase: str, out: dict[str, float]
+) -> None:
+    """SkyRL's ``draft_acceptance_rate_pos_{k}`` (1-based) from the per-position ratios."""
+    for metric, per_stat in metrics.items():
+        if metric.startswith("spec_decode_acceptance_rate_per_position{position="):
+            pos = int(metric.split("=", 1)[1].rstrip("}"))
+            v = per_stat.get("pooled")
+            if v is not None and _finite(v):
+                out[f"{sbase}draft_acceptance_rate_pos_{pos + 1}"] = v
+
+
 def _cv_engines(stats: PollStats, scope: str, metric: str) -> float:
     """How many engines a scope's ``cv`` of ``metric`` is taken over (SkyRL's
     ``*_throughput_cv_num_engines``): the scope's engines with a value, without the prefill
@@ -199,12 +211,7 @@ def skyrl_keys(
             v = s.metrics.get(metric, {}).get(stat)
             if v is not None and _finite(v):
                 out[sbase + key] = v
-        for metric, per_stat in s.metrics.items():
-            if metric.startswith("spec_decode_acceptance_rate_per_position{position="):
-                pos = int(metric.split("=", 1)[1].rstrip("}"))
-                v = per_stat.get("pooled")
-                if v is not None and _finite(v):
-                    out[f"{sbase}draft_acceptance_rate_pos_{pos + 1}"] = v
+        _skyrl_position_keys(s.metrics, sbase, out)
         _cv_engine_keys(stats, scope, sbase, out)
     return out
 
@@ -299,12 +306,7 @@ def skyrl_interval_keys(
             if secs is not None:
                 out[sbase + "measurement_seconds"] = float(secs)
         else:
-            for metric, per_stat in s.metrics.items():
-                if metric.startswith("spec_decode_acceptance_rate_per_position{position="):
-                    pos = int(metric.split("=", 1)[1].rstrip("}"))
-                    v = per_stat.get("pooled")
-                    if v is not None and _finite(v):
-                        out[f"{sbase}draft_acceptance_rate_pos_{pos + 1}"] = v
+            _skyrl_position_keys(s.metrics, sbase, out)
             _cv_engine_keys(stats, scope, sbase, out)
     for k in ("coverage", "failed_scrapes", "engine_restarts"):
         v = meta.get(k)

@@ -6,8 +6,9 @@ tracker-side trouble: it logs a rate-limited warning and drops what it could not
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 Value = float | int | str
 
@@ -27,3 +28,10 @@ class Sink(Protocol):
     def close(self) -> None:
         """Flush and release resources. Idempotent."""
         ...
+
+
+def numeric(value: Any) -> float | None:
+    """A value as a float for a chart (bools as 0/1), or None for what is not a number."""
+    if isinstance(value, bool | numbers.Real):
+        return float(value)
+    return None

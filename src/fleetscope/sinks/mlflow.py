@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import numbers
 import re
 import threading
 import time
@@ -60,7 +59,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fleetscope._warn import RateLimitedWarner
-from fleetscope.sinks.base import Value
+from fleetscope.sinks.base import Value, numeric
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +101,6 @@ def _import_mlflow() -> tuple[Any, Any, Any]:
             "MlflowSink needs the 'mlflow' package: pip install 'fleetscope[mlflow]'"
         ) from e
     return MlflowClient, Metric, RunTag
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return None
 
 
 def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
@@ -212,7 +203,7 @@ class MlflowSink:
                 batch = [
                     self._Metric(self.key(k), f, ts, int(step))
                     for k, v in metrics.items()
-                    if (f := _number(v)) is not None
+                    if (f := numeric(v)) is not None
                 ]
             except Exception as e:
                 self._warner.warn("encode", f"dropped poll {step}: {type(e).__name__}: {e}")
@@ -232,7 +223,7 @@ class MlflowSink:
             metrics, tags = [], []
             try:
                 for k, v in summary.items():
-                    f = _number(v)
+                    f = numeric(v)
                     if f is not None:
                         metrics.append(self._Metric(self.key(k), f, ts, self.last_step))
                     elif v is not None:

@@ -25,7 +25,6 @@ a rate-limited warning and the data is dropped.
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import threading
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetscope._warn import RateLimitedWarner
-from fleetscope.sinks.base import Value
+from fleetscope.sinks.base import Value, numeric
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +50,6 @@ def _import_tensorboard() -> tuple[Any, Any, Any]:
             "TensorBoardSink needs the 'tensorboard' package: pip install 'fleetscope[tensorboard]'"
         ) from e
     return event_pb2, text_pb, EventFileWriter
-
-
-def _number(value: Any) -> float | None:
-    """A value as a float for a scalar chart, or None for what is not a number."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return None
 
 
 class TensorBoardSink:
@@ -102,7 +92,7 @@ class TensorBoardSink:
             event = self._event_pb2.Event(wall_time=float(wall_time), step=int(step))
             values = event.summary.value
             for key, v in metrics.items():
-                f = _number(v)
+                f = numeric(v)
                 if f is not None:
                     values.add(tag=str(key), simple_value=f)
         except Exception as e:  # a value protobuf will not take: drop the poll, never raise
@@ -117,7 +107,7 @@ class TensorBoardSink:
             values = event.summary.value
             for key, v in summary.items():
                 tag = SUMMARY_PREFIX + str(key)
-                f = _number(v)
+                f = numeric(v)
                 if f is not None:
                     values.add(tag=tag, simple_value=f)
                 elif v is not None:
