@@ -6,7 +6,8 @@ asks ``importlib.metadata`` for a distribution named ``vllm`` and fails. This ma
 vLLM's own platform detection looks for — and calls vLLM's CLI main. The mapping is installed at
 import, so processes that vLLM starts by re-importing this main module get it too.
 
-    ~/.cache/fleetscope/vllm-venv/bin/python scripts/real_vllm/launch.py serve MODEL_DIR --port ... [...]
+    ~/.cache/fleetscope/vllm-venv/bin/python scripts/real_vllm/launch.py serve MODEL_DIR \
+        --port ... [...]
 """
 
 from __future__ import annotations
