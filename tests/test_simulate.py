@@ -34,10 +34,7 @@ pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableException
 
 # -- helpers ---------------------------------------------------------------------------------------
 def fixture_text(name: str) -> str:
-    path = FIXTURES / name
-    if not path.exists():
-        pytest.skip(f"fixture {path} not available")
-    return path.read_text()
+    return (FIXTURES / name).read_text()  # a missing fixture fails loudly
 
 
 def parse(text: str | bytes) -> dict:
@@ -691,10 +688,16 @@ def test_port_base_and_standalone_endpoint() -> None:
     probe = FleetServer(fleet).start()
     base = probe.ports[0]
     probe.stop()
-    try:
-        server = FleetServer(fleet, port_base=base).start()
-    except OSError:
-        pytest.skip("port taken meanwhile")
+    server = None
+    for _ in range(5):  # another process may take the probed ports meanwhile: probe again
+        try:
+            server = FleetServer(fleet, port_base=base).start()
+            break
+        except OSError:
+            probe = FleetServer(fleet).start()
+            base = probe.ports[0]
+            probe.stop()
+    assert server is not None, "no free pair of consecutive ports found"
     try:
         assert server.ports == [base, base + 1]
         assert httpx.get(f"{server.urls[1]}/health", timeout=5).status_code == 200

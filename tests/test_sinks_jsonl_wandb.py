@@ -85,7 +85,8 @@ SUMMARY_2 = {"inference/polls": 3, "inference/p99_s": 0.123456789}
 @pytest.fixture
 def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Offline wandb, everything under tmp_path, no key, no network."""
-    pytest.importorskip("wandb")
+    import wandb  # noqa: F401  # the test extra installs it: fail loudly
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
@@ -294,7 +295,8 @@ def test_wandb_trainer_owned_run(wandb_env: Path, caplog: pytest.LogCaptureFixtu
 
 
 def test_wandb_sink_payload_and_rate_limited_failures(caplog: pytest.LogCaptureFixture) -> None:
-    pytest.importorskip("wandb")
+    import wandb  # noqa: F401  # the test extra installs it: fail loudly
+
     run = FakeRun()
     sink = WandbSink(run=run)
     assert run.defined == [
@@ -455,3 +457,29 @@ def test_rate_limited_warner_per_kind() -> None:
         "S: other kind",
         "S: four (2 similar warning(s) suppressed in the last 60 s)",
     ]
+
+
+def test_wandb_alerts_for_health_events(wandb_env: Path) -> None:
+    """Health events become W&B alerts when enabled: once per condition and engine per
+    interval (read back from the offline run), never when disabled."""
+    from fleetscope.health import HealthEvent
+
+    stalled = HealthEvent("generation_stalled", "decode0.0", 4.0, "decode0.0: no token for 5 s")
+    full = HealthEvent("kv_cache_near_full", "server1.1", 0.99, "server1.1: KV cache 99% full")
+    sink = WandbSink(project="alerts", alerts=True, alert_interval=600)
+    sink.log_events([stalled])
+    sink.log_events([stalled, full])  # the stall again within the interval: not re-sent
+    wandb_file = Path(sink.run.settings.sync_file)
+    sink.close()
+    alerts = [r["alert"] for r in leet_records(wandb_file) if r["type"] == "alert"]
+    assert [a["title"] for a in alerts] == [
+        "fleetscope: generation_stalled on decode0.0",
+        "fleetscope: kv_cache_near_full on server1.1",
+    ]
+    assert alerts[0]["text"] == stalled.message and alerts[0]["level"] == "WARN"
+
+    quiet = WandbSink(project="alerts")  # alerts are opt-in
+    quiet.log_events([stalled])
+    quiet_file = Path(quiet.run.settings.sync_file)
+    quiet.close()
+    assert not [r for r in leet_records(quiet_file) if r["type"] == "alert"]

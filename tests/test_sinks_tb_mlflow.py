@@ -23,12 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlflow  # noqa: F401  # installed by the test extra: a missing one must fail loudly
 import numpy as np
 import pytest
-
-pytest.importorskip("tensorboard")
-pytest.importorskip("mlflow")
-
+import tensorboard  # noqa: F401
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_metric_name
 from tensorboard.backend.event_processing import event_accumulator as ea

@@ -22,7 +22,9 @@ import pytest
 
 from fleetscope.simulate import FleetServer, SimFleet
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+# tmux is installed by scripts/install-test-deps.sh: a missing one fails loudly
+if shutil.which("tmux") is None:
+    raise RuntimeError("tmux is missing: run `make test-deps` (apt-get install tmux)")
 
 SGR = re.compile(r"\x1b\[([0-9;]*)m")
 

@@ -221,7 +221,7 @@ class FakeWandb:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeWandb, Any]:
-    pytest.importorskip("wandb_workspaces")
+    import wandb_workspaces  # noqa: F401  # the test extra installs it: fail loudly
     import wandb_workspaces.reports.v2 as wr
     import wandb_workspaces.workspaces as ws
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import netrc
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -113,6 +114,8 @@ class WandbSink:
         *,
         wall_time_key: str = "inference/wall_time",
         commit: bool | None = None,
+        alerts: bool = False,
+        alert_interval: float = 600.0,
     ) -> None:
         wandb = _import_wandb()
         self.step_metric = step_metric
@@ -120,6 +123,11 @@ class WandbSink:
         self.wall_time_key = wall_time_key
         self._closed = False
         self._warner = RateLimitedWarner(logger, prefix="WandbSink: ")
+        # health events as W&B alerts (email / Slack per the user's W&B settings), at most one
+        # per condition and engine every ``alert_interval`` seconds
+        self.alerts = alerts
+        self.alert_interval = alert_interval
+        self._alerted: dict[tuple[str, str], float] = {}
         if run is None:
             self.mode: str | None = resolve_mode(mode)
             # reinit="create_new": never return or finish a run the process already has open
@@ -177,6 +185,29 @@ class WandbSink:
             self.run.summary.update(dict(summary))
         except Exception as e:
             self._warner.warn("summary", f"summary update failed, dropped: {type(e).__name__}: {e}")
+
+    def log_events(self, events: Sequence[Any]) -> None:
+        """Send health events (``fleetscope.health.HealthEvent``) as W&B alerts, if enabled."""
+        if not self.alerts or self._closed:
+            return
+        import wandb
+
+        now = time.monotonic()
+        for ev in events:
+            key = (ev.condition, ev.subject)
+            last = self._alerted.get(key)
+            if last is not None and now - last < self.alert_interval:
+                continue
+            self._alerted[key] = now
+            try:
+                self.run.alert(
+                    title=f"fleetscope: {ev.condition} on {ev.subject}",
+                    text=ev.message,
+                    level=wandb.AlertLevel.WARN,
+                    wait_duration=self.alert_interval,
+                )
+            except Exception as e:
+                self._warner.warn("alert", f"run.alert failed: {type(e).__name__}: {e}")
 
     def close(self) -> None:
         """Finish the run if this sink created it; leave a passed-in run alone. Idempotent."""
