@@ -104,6 +104,7 @@ def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list:
                 mode=args.wandb_mode,
                 name=args.wandb_name,
                 dir=args.wandb_dir,
+                alerts=args.wandb_alerts,
             )
         )
     return sinks
@@ -405,6 +406,7 @@ def _add_sink_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wandb-entity", default=None)
     p.add_argument("--wandb-name", default=None, help="W&B run name")
     p.add_argument("--wandb-dir", default=None, help="where W&B writes its run files")
+    p.add_argument("--wandb-alerts", action="store_true", help="send health events as W&B alerts")
     p.add_argument(
         "--wandb-mode",
         choices=["online", "offline", "disabled"],
