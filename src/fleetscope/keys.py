@@ -74,14 +74,57 @@ def _finite(v: float) -> bool:
     return not (math.isnan(v) or math.isinf(v))
 
 
-def scope_keys(stats: PollStats, prefix: str = "inference") -> dict[str, float]:
-    out: dict[str, float] = {}
-    for scope, s in stats.scopes.items():
-        base = f"{prefix}/{scope}/"
-        for metric, per_stat in s.metrics.items():
-            for stat, v in per_stat.items():
-                if _finite(v):
-                    out[f"{base}{metric}/{stat}"] = v
+CORE_SCOPES = ("agg", "prefill", "decode")
+# what a user-defined scope keeps when every stat of every scope would not fit the budget
+GROUP_HEADLINES: dict[str, tuple[str, ...]] = {
+    "kv_cache_usage_perc": ("mean", "max"),
+    "num_requests_running": ("sum",),
+    "num_requests_waiting": ("sum",),
+    "generation_tokens_total": ("delta",),
+    "generation_tokens_total:rate": ("sum", "min"),
+    "prompt_tokens_total:rate": ("sum",),
+    "num_preemptions_total:rate": ("sum",),
+    "prefix_cache_hit_rate": ("pooled",),
+    "time_to_first_token_seconds": ("p90",),
+    "time_to_first_token_seconds:mean": ("pooled",),
+}
+
+
+def scope_keys(
+    stats: PollStats,
+    prefix: str = "inference",
+    budget: int | None = None,
+) -> dict[str, float]:
+    """Every scope's statistics. Over ``budget``, user-defined scopes (groups, models) keep
+    only their headline stats (:data:`GROUP_HEADLINES`), as many scopes as fit; ``agg`` and
+    the role scopes are always complete."""
+
+    def render(scopes, only: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for scope, s in scopes:
+            base = f"{prefix}/{scope}/"
+            for metric, per_stat in s.metrics.items():
+                wanted = None if only is None else only.get(metric)
+                if only is not None and wanted is None:
+                    continue
+                for stat, v in per_stat.items():
+                    if (wanted is None or stat in wanted) and _finite(v):
+                        out[f"{base}{metric}/{stat}"] = v
+        return out
+
+    out = render(stats.scopes.items())
+    if budget is None or len(out) <= budget:
+        return out
+    core = [(k, v) for k, v in stats.scopes.items() if k in CORE_SCOPES]
+    out = render(core)
+    # user scopes in order, with their headline stats, while they fit
+    for scope in stats.scopes.items():
+        if scope[0] in CORE_SCOPES:
+            continue
+        part = render([scope], GROUP_HEADLINES)
+        if len(out) + len(part) > budget:
+            break
+        out.update(part)
     return out
 
 
@@ -143,8 +186,8 @@ def tail_engines(stats: PollStats, metrics: Iterable[str] = HEADLINE_METRICS) ->
 
 
 def prime_rl_keys(stats: PollStats, prefix: str = "inference", budget: int = DEFAULT_KEY_BUDGET):
-    out = scope_keys(stats, prefix)
-    n_cols = sum(1 for c in stats.columns)
+    out = scope_keys(stats, prefix, budget)
+    n_cols = len(stats.columns)
     if len(out) + n_cols * len(stats.engine_ids) <= budget:
         out.update(engine_keys(stats, prefix))
         return out
