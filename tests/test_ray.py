@@ -19,12 +19,9 @@ runtime: 10-45 s here, depending on the machine's load; the rest takes ~10 s.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +34,7 @@ from ray.util import metrics as ray_metrics
 
 from fleetscope.collector import Collector
 from fleetscope.sources.ray import RayIdentity, RaySource, discover_agents, worker_ids_of_actors
+from support.ray_cluster import local_ray
 
 # Ray's workers cannot import this test module: ship its actor class by value
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -110,32 +108,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(request):
-    # short private temp dir: Ray's unix socket paths must stay under ~107 characters
-    tmp = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "TMPDIR")}
-
-    def finish() -> None:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
-
-    request.addfinalizer(finish)
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    os.environ["TMPDIR"] = tmp
-    ctx = ray.init(
-        num_cpus=2,
-        include_dashboard=False,
+def ray_cluster():
+    with local_ray(
+        "fsray-",
         _metrics_export_port=_free_port(),
         _system_config={"metrics_report_interval_ms": REPORT_INTERVAL_MS},
-        _temp_dir=tmp,
-        logging_level=logging.WARNING,
-    )
-    return ctx
+    ) as ctx:
+        yield ctx
 
 
 @pytest.fixture(scope="module")

@@ -21,18 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import math
-import os
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
-import ray  # not importorskip: CI installs Ray, and a missing Ray must fail loudly
 
 from conftest import VLLM_DIR
 from fleetscope.collector import Collector
@@ -49,6 +44,7 @@ from fleetscope.stats.reduce import (
     partial_reduce,
     reduce_poll,
 )
+from support.ray_cluster import local_ray
 
 WALL0 = 1_795_000_000.0
 TTFT = "vllm:time_to_first_token_seconds"
@@ -273,30 +269,9 @@ def clock_dependent(key: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(request):
-    # short private temp dir: Ray's unix socket paths must stay under ~107 characters
-    tmp = tempfile.mkdtemp(prefix="fsshard-", dir="/tmp")
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "TMPDIR")}
-
-    def finish() -> None:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
-
-    request.addfinalizer(finish)
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    os.environ["TMPDIR"] = tmp
-    return ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _temp_dir=tmp,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-    )
+def ray_cluster():
+    with local_ray("fsshard-", log_to_driver=False) as ctx:
+        yield ctx
 
 
 def _served_fleet() -> SimFleet:
