@@ -22,6 +22,17 @@ import pytest
 # CI clones the repository next to `shared/`; a developer checkout may live elsewhere.
 _NEXT_TO_REPO = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 FIXTURES = _NEXT_TO_REPO if _NEXT_TO_REPO.is_dir() else Path("/work/shared/fixtures")
+
+# a simulated KV cache small enough to fill up (256 blocks of 16 tokens) with long outputs: KV
+# pressure, and preemptions by the dozen every few seconds
+KV_PRESSURE_LOAD = dict(
+    arrival_rate=6.0,
+    num_gpu_blocks=256,
+    prompt_tokens_median=32.0,
+    output_tokens_median=200.0,
+    output_tokens_sigma=0.1,
+    max_tokens_choices=(480,),
+)
 VLLM_DIR = FIXTURES / "vllm-0.32.0-cpu"
 RAY_DIR = FIXTURES / "ray-2.60-vllm-0.32"
 ALL_FIXTURES = sorted([*VLLM_DIR.glob("*.prom"), *RAY_DIR.glob("*.prom")])

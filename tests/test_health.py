@@ -23,22 +23,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import KV_PRESSURE_LOAD
 from fleetscope.collector import Collector, FleetView
 from fleetscope.health import CONDITIONS, HealthEvent, HealthMonitor, HealthThresholds
 from fleetscope.simulate import FleetServer, LoadProfile, SimFleet
 from fleetscope.sinks.terminal import STATUS, TerminalSink
 from fleetscope.sources.http import Endpoint
 
-# a KV cache small enough to fill up (256 blocks of 16 tokens) with long outputs: KV pressure,
-# and preemptions by the dozen every few seconds
-KV_PRESSURE = LoadProfile(
-    arrival_rate=6.0,
-    num_gpu_blocks=256,
-    prompt_tokens_median=32.0,
-    output_tokens_median=200.0,
-    output_tokens_sigma=0.1,
-    max_tokens_choices=(480,),
-)
+KV_PRESSURE = LoadProfile(**KV_PRESSURE_LOAD)
 PLAIN = [{"dp": 2}, {"dp": 1}]  # server0.0, server0.1, server1.0
 DISAGG = [  # prefill0.0, prefill0.1, decode0.0, decode0.1, decode1.0
     {"role": "prefill", "dp": 2},

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from conftest import RAY_DIR, fixture_text, promql_bucket_quantile
+from conftest import KV_PRESSURE_LOAD, RAY_DIR, fixture_text, promql_bucket_quantile
 from fleetscope.collector import Collector
 from fleetscope.exposition import Parser
 from fleetscope.fleet import ScrapeResult
@@ -439,14 +439,7 @@ async def test_window_metrics_equal_the_simulators_ground_truth_through_faults()
     """Real HTTP, the simulator's vLLM families: the ``train`` window's SkyRL metrics per role
     equal the ground truth although one engine restarted (every series reset) and one server
     failed a scrape inside the window — either voids a SkyRL window."""
-    pressure = LoadProfile(
-        arrival_rate=6.0,
-        num_gpu_blocks=256,
-        prompt_tokens_median=32.0,
-        output_tokens_median=200.0,
-        output_tokens_sigma=0.1,
-        max_tokens_choices=(480,),
-    )
+    pressure = LoadProfile(**KV_PRESSURE_LOAD)
     fleet = SimFleet(seed=21)
     fleet.add_endpoint(role="prefill", dp=1)
     fleet.add_endpoint(role="decode", dp=2)

@@ -113,7 +113,6 @@ class FleetState:
         deltas: dict[str, EngineDelta] = {}
         restarts: list[str] = []
         for sc in scrapes:
-            self.roles[sc.endpoint] = sc.role
             if sc.exposition is None:
                 continue
             rows = [
