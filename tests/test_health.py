@@ -151,8 +151,13 @@ SCENARIOS: dict[str, Scenario] = {
         [{"dp": 2}, {"dp": 1, "load": KV_PRESSURE}], lambda f: None, "server1.0", dt=5.0
     ),
     # one of three decode engines 40x slower: its token rate falls far below the role's median
+    # (`outlier_seconds` is real time too: 0.5 s is reached after a few paused polls)
     "engine_outlier": Scenario(
-        DISAGG, lambda f: f.endpoint("decode0").set_slowdown(40.0, engine=0), "decode0.0"
+        DISAGG,
+        lambda f: f.endpoint("decode0").set_slowdown(40.0, engine=0),
+        "decode0.0",
+        pause=0.2,
+        thresholds=HealthThresholds(outlier_seconds=0.5),
     ),
     "scrape_failed": Scenario(
         PLAIN, lambda f: f.endpoint("server1").set_http_error(500), "server1", polls=3
@@ -208,14 +213,14 @@ async def test_condition_names_the_sick_engine_and_only_it(
 
 
 async def test_stall_needs_stall_seconds_of_real_time() -> None:
-    """With the default 3 s: a stalled engine is reported exactly once the real time between
+    """With ``stall_seconds=3``: a stalled engine is reported exactly once the real time between
     its last scrape with a new token and its current scrape reaches 3 s (a scrape interval
     without a token is not yet a stall), and no longer once it generates again."""
 
     def scrape_time(view: FleetView) -> float:
         return next(sc.time for sc in view.result.scrapes if sc.endpoint == "decode1")
 
-    async with polled(DISAGG) as (fleet, c, _, _):
+    async with polled(DISAGG, thresholds=HealthThresholds(stall_seconds=3.0)) as (fleet, c, _, _):
         base = scrape_time(await c.poll())
         fleet.endpoint("decode1").stall()
         seen: list[tuple[float, bool]] = []
@@ -248,19 +253,31 @@ async def test_stall_needs_stall_seconds_of_real_time() -> None:
     ],
     ids=["default-load", "busy"],
 )
-async def test_healthy_fleet_reports_nothing_with_default_thresholds(
+async def test_healthy_fleet_reports_nothing(
     roles: list[str | None], load: LoadProfile | None, seed: int, polls: int
 ) -> None:
     """Several simulated minutes (5 s between polls, as the default interval) of a healthy
-    fleet: no condition fires, every count key is logged as 0, the terminal says all healthy."""
+    fleet: no condition fires, every count key is logged as 0, the terminal says all healthy.
+
+    Poll-count thresholds are the defaults. The durations (``stall_seconds``,
+    ``outlier_seconds``) are real seconds between scrapes, which here are milliseconds per
+    simulated 5 s, so they are set to 0: stricter than any default, one bad poll would fire."""
     specs = [{"role": r, "dp": 2} for r in roles]
     run = Run()
     statuses: list[set[str]] = []
-    async with polled(specs, seed=seed, load=load) as (fleet, c, terminal, screen):
+    strict = HealthThresholds(stall_seconds=0.0, outlier_seconds=0.0)
+    async with polled(specs, seed=seed, load=load, thresholds=strict) as (
+        fleet,
+        c,
+        terminal,
+        screen,
+    ):
         c.on_poll = lambda _view: statuses.append({r.status for r in terminal.last_rows})
         run.views.append(await c.poll())
         for _ in range(polls):
             run.views.append(await step_and_poll(fleet, c, 5.0, 0.0))
+        # stop() polls once more without a fleet step: no token in it, and at 0 s that is a stall
+        c.on_poll = None
         kv_max = max(
             (e.kv_usage for v in run.views for e in v.engines.values() if e.kv_usage), default=0
         )
@@ -327,9 +344,10 @@ def test_kv_near_full_needs_consecutive_polls() -> None:
 
 
 def test_outlier_streak_is_broken_by_a_poll_that_is_not_judged() -> None:
-    """``outlier_polls`` polls *in a row*: a poll in which the role is not judged (idle, its
-    median below ``outlier_min_median``) ends the streak instead of pausing it."""
-    mon = HealthMonitor()
+    """``outlier_seconds`` *in a row* (5 s per poll here, so 10 s is two polls): a poll in which
+    the role is not judged (idle, its median below ``outlier_min_median``) ends the streak
+    instead of pausing it."""
+    mon = HealthMonitor(HealthThresholds(outlier_seconds=10.0))
     roles = dict.fromkeys(("d0", "d1", "d2"), "decode")
 
     def outliers(gen: dict[str, float]) -> list[str]:

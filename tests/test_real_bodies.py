@@ -185,7 +185,7 @@ def test_an_idle_engine_beside_busy_ones_is_not_an_outlier():
     from fleetscope.health import HealthMonitor, HealthThresholds
 
     state = FleetState()
-    monitor = HealthMonitor(HealthThresholds(outlier_polls=1))
+    monitor = HealthMonitor(HealthThresholds(outlier_seconds=0.0))
     parsers = {k: Parser() for k in KINDS}
     polls = [("after", "idle"), ("after", "load")]  # single: done; dp2: idle -> busy
     for i, (single, dp2) in enumerate(polls):

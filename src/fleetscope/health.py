@@ -9,9 +9,9 @@ Evaluated on every poll's per-engine metrics, with thresholds you can set. Condi
 * ``queue_growing`` — the waiting queue grew for ``queue_polls`` polls in a row and exceeds
   the running batch;
 * ``preemption_burst`` — at least ``preemption_burst`` preemptions in one poll;
-* ``engine_outlier`` — generation rate below ``outlier_fraction`` of its role's median for
-  ``outlier_polls`` polls in a row (needs >= 3 engines in the role with requests; an idle
-  engine — nothing running or waiting — is not judged);
+* ``engine_outlier`` — generation rate below ``outlier_fraction`` of its role's median in
+  every poll for ``outlier_seconds`` in a row (needs >= 3 engines in the role with requests; an
+  idle engine — nothing running or waiting — is not judged);
 * ``scrape_failed`` — the endpoint did not answer with a valid exposition.
 
 Pure logic with a little memory (streaks); the collector logs the counts as metrics
@@ -44,9 +44,12 @@ class HealthThresholds:
     queue_polls: int = 4
     preemption_burst: float = 10.0
     outlier_fraction: float = 0.25
-    outlier_polls: int = 2
+    # Durations are real seconds between scrapes, not poll counts, so a fast poll interval does
+    # not turn a transient (a long prefill, a cold first request, a CPU hiccup) into an alert.
+    outlier_seconds: float = 30.0  # below the fraction for this long, every poll in a row
     outlier_min_median: float = 1.0  # tokens/s: below this the role is simply idle
-    stall_seconds: float = 3.0  # no token for this long while requests run
+    stall_seconds: float = 30.0  # no token for this long while requests run (a 100k-token
+    # prefill alone can take tens of seconds, and it counts no generated token until it ends)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +64,7 @@ class HealthEvent:
 class HealthMonitor:
     thresholds: HealthThresholds = field(default_factory=HealthThresholds)
     _queue: dict[str, tuple[float, int]] = field(default_factory=dict)  # last waiting, streak
-    _outlier: dict[str, int] = field(default_factory=dict)
+    _outlier: dict[str, float] = field(default_factory=dict)  # seconds below, in a row
     _stall: dict[str, float] = field(default_factory=dict)  # seconds without a token
     _kv: dict[str, int] = field(default_factory=dict)  # polls in a row at or above kv_full
 
@@ -73,7 +76,7 @@ class HealthMonitor:
         for i, eid in enumerate(stats.engine_ids):
             if stats.is_engine[i]:
                 per_engine[eid] = stats.engine(eid)
-        by_role: dict[str | None, list[tuple[str, float]]] = {}
+        by_role: dict[str | None, list[tuple[str, float, float]]] = {}
         seconds = dict(zip(stats.engine_ids, stats.seconds.tolist(), strict=True))
         for eid, m in per_engine.items():
             role = roles.get(eid)
@@ -146,26 +149,27 @@ class HealthMonitor:
             # of a batch the engines that finished first wait for the stragglers)
             idle = running is not None and running == 0 and not (waiting or 0) > 0
             if fresh and gen is not None and not idle:
-                by_role.setdefault(role, []).append((eid, gen))
+                by_role.setdefault(role, []).append((eid, gen, interval))
             elif idle:
                 self._outlier.pop(eid, None)
         for role, rows in by_role.items():
-            med = statistics.median(v for _, v in rows)
+            med = statistics.median(v for _, v, _ in rows)
             if role == "prefill" or len(rows) < 3 or med < t.outlier_min_median:
-                for eid, _ in rows:  # not judged this poll: a streak is "in a row" or nothing
+                for eid, _, _ in rows:  # not judged this poll: a streak is "in a row" or nothing
                     self._outlier.pop(eid, None)
                 continue
-            for eid, v in rows:
+            for eid, v, interval in rows:
                 if v < t.outlier_fraction * med:
-                    n = self._outlier.get(eid, 0) + 1
-                    self._outlier[eid] = n
-                    if n >= t.outlier_polls:
+                    below = self._outlier.get(eid, 0.0) + interval
+                    self._outlier[eid] = below
+                    if below >= t.outlier_seconds:
                         events.append(
                             HealthEvent(
                                 "engine_outlier",
                                 eid,
                                 v,
-                                f"{eid}: {v:.1f} tok/s, far below its role's median {med:.1f}",
+                                f"{eid}: {v:.1f} tok/s, far below its role's median "
+                                f"{med:.1f} for {below:.0f} s",
                             )
                         )
                 else:
