@@ -201,7 +201,7 @@ def _client_families(path) -> tuple:
 def test_fixture_matches_prometheus_client_parser(path):
     body = path.read_text(encoding="utf-8")
     ref = Reference(_client_families(path))
-    parser = Parser()
+    parser = Parser(share_templates=False)  # a full parse first, whatever ran before
     first = parser.parse(body.encode(), time=1.0, wall_time=2.0)
     assert_matches_reference(first, ref)
     # the same body again takes the template fast path and gives the same values
@@ -377,7 +377,7 @@ def test_renamed_and_current_names_both_exported_are_counted_once():
     assert snap.value("vllm:inter_token_latency_seconds_count") == 4
     assert len(snap.layout.counters) == 2
     # and the same holds on the fast path
-    p = Parser()
+    p = Parser(share_templates=False)
     p.parse(body)
     again = p.parse(body)
     assert p.fast_hits == 1
@@ -422,9 +422,9 @@ def test_nan_in_a_counter_fails_the_scrape():
 def test_nan_gauge_is_missing_never_zero():
     body = fixture_text("single_after.prom")
     bad = set_values(body, r"^vllm:kv_cache_usage_perc\{", "NaN")
-    parser = Parser()
+    parser = Parser(share_templates=False)
     parser.parse(body)  # warm: the NaN body then takes the fast path
-    fresh = Parser().parse(bad)["0"]
+    fresh = Parser(share_templates=False).parse(bad)["0"]
     warm = parser.parse(bad)["0"]
     assert parser.fast_hits == 1
     for snap in (fresh, warm):
@@ -634,7 +634,7 @@ def test_openmetrics_round_trips_exactly(reg):
 def test_fast_path_equals_full_parse_on_new_values(reg, rnd):
     """Same shape, new values: the warmed parser's fast path gives what a fresh parse gives."""
     body = generate_004(reg).decode()
-    warm = Parser()
+    warm = Parser(share_templates=False)
     warm.parse(body)
     lines = body.split("\n")
     for k, ln in enumerate(lines):
@@ -644,7 +644,7 @@ def test_fast_path_equals_full_parse_on_new_values(reg, rnd):
                 lines[k] = f"{head} {float(v) + rnd.choice([0.0, 1.0, 2.5])!r}"
     body2 = "\n".join(lines)
     a = warm.parse(body2)
-    b = Parser().parse(body2)
+    b = Parser(share_templates=False).parse(body2)
     assert warm.fast_hits == 1
     assert set(a) == set(b)
     for e in a:
@@ -759,3 +759,48 @@ def test_random_fixture_line_shuffles_parse_the_same():
     a, b = parse(_DP2), parse(shuffled)
     for e in a:
         assert our_values(a[e]) == pytest.approx(our_values(b[e]), nan_ok=True)
+
+
+# --------------------------------------------------------------------------- shared templates
+
+
+def test_a_new_parser_starts_from_a_template_of_the_same_shape():
+    """A fleet's endpoints serve line-for-line identical bodies: the second endpoint's first
+    body takes the fast path with the first endpoint's template, and parses as a full parse."""
+    body = fixture_text("dp2_load.prom")
+    other = set_values(body, r"^vllm:generation_tokens_total\{", "12345.0")
+    Parser().parse(body)
+    newcomer = Parser()
+    got = newcomer.parse(other)
+    assert (newcomer.fast_hits, newcomer.full_parses) == (1, 0)
+    want = Parser(share_templates=False).parse(other)
+    assert set(got) == set(want) == {"0", "1"}
+    for e in want:
+        np.testing.assert_array_equal(got[e].data, want[e].data)
+        assert got[e].layout is want[e].layout
+    assert got["1"].value("vllm:generation_tokens_total") == 12345.0
+
+
+def test_a_template_of_another_shape_is_not_used():
+    """Same line count, other label values (engine ids, model): every line's head is checked,
+    so the shared template is refused and the body gets its own full parse."""
+    body = fixture_text("single_after.prom")
+    Parser().parse(body)
+    renamed = body.replace('engine="0"', 'engine="7"')
+    assert renamed.count("\n") == body.count("\n")
+    p = Parser()
+    expo = p.parse(renamed)
+    assert (p.fast_hits, p.full_parses) == (0, 1)
+    assert set(expo) == {"7"}
+    assert expo["7"].value("vllm:prompt_tokens_total") == 15472
+
+
+def test_fast_path_rejects_underscored_values_like_the_full_parser():
+    body = fixture_text("single_after.prom")
+    p = Parser()
+    p.parse(body)
+    bad = set_values(body, r"^vllm:prompt_tokens_total\{", "15_472")
+    with pytest.raises(ExpositionError, match="line"):
+        p.parse(bad)
+    with pytest.raises(ExpositionError):
+        Parser(share_templates=False).parse(bad)

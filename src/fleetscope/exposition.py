@@ -192,6 +192,12 @@ _MISS = -9
 # layouts by shape, shared by all parsers (bounded: a shape not in it only loses sharing)
 _LAYOUTS: dict[tuple, EngineLayout] = {}
 _MAX_LAYOUTS = 1024
+# The last template built per (parser settings, line count), offered to parsers that have none
+# yet: engines of one fleet mostly serve line-for-line identical bodies, so a fleet's first poll
+# costs one full parse per shape, not per endpoint. The fast path checks every line's head, so a
+# template that does not fit is simply not used.
+_SHARED_TEMPLATES: dict[tuple, _Template] = {}
+_MAX_SHARED_TEMPLATES = 256
 
 
 @dataclass(slots=True)
@@ -235,6 +241,8 @@ class Parser:
     without it belongs to the endpoint). Ray agent bodies (``ray_vllm_*``) switch to
     ``RAY_IDENTITY_LABELS`` automatically unless identity labels are given.
     ``keep``: family-name prefixes (after renaming) to keep; None keeps every family.
+    ``share_templates``: start from a template another parser built for a body of the same
+    shape (checked line by line before use), so a new endpoint's first body is a fast parse.
     """
 
     def __init__(
@@ -243,7 +251,9 @@ class Parser:
         identity_labels: Sequence[str] | None = None,
         keep: Sequence[str] | None = None,
         max_bytes: int = MAX_BODY_BYTES,
+        share_templates: bool = True,
     ):
+        self._share = share_templates
         self._identity = tuple(identity_labels) if identity_labels else None
         self._keep = tuple(keep) if keep is not None else None
         self._max_bytes = max_bytes
@@ -289,9 +299,21 @@ class Parser:
             if result is not None:
                 self.fast_hits += 1
                 return result
+        shared_key = (self._identity, self._keep, len(lines))
+        shared = _SHARED_TEMPLATES.get(shared_key) if self._share else None
+        if shared is not None and shared is not tpl:
+            result = self._parse_fast(shared, lines, now, wall)
+            if result is not None:
+                self._template = shared
+                self.fast_hits += 1
+                return result
         tpl = self._build_template(lines)
         self._template = tpl
         self.full_parses += 1
+        if self._share:
+            if len(_SHARED_TEMPLATES) >= _MAX_SHARED_TEMPLATES:
+                _SHARED_TEMPLATES.pop(next(iter(_SHARED_TEMPLATES)), None)
+            _SHARED_TEMPLATES[shared_key] = tpl
         result = self._parse_fast(tpl, lines, now, wall)
         if result is None:  # cannot happen for a template built from these very lines
             raise ExpositionError("internal: template does not match its own body")
@@ -322,6 +344,8 @@ class Parser:
             arr = np.array(vals, dtype=np.float64)
         except (TypeError, ValueError):
             return None  # a missing or malformed value: let the full parser say which line
+        if "_" in "".join([v for v in vals if v is not None]):
+            return None  # numpy, like Python, reads 1_000; Prometheus does not
         # NaN in a cumulative series fails the scrape (the full parser names the line); a NaN
         # gauge stays NaN through the sum below, which the statistics read as "missing"
         if np.isnan(arr[tpl.strict_nan]).any():
