@@ -281,3 +281,66 @@ def test_failed_lookup_for_a_dead_actor(engines, ray_cluster):
         time.sleep(0.2)
     else:
         raise AssertionError("a killed actor still resolves to a worker id")
+
+
+async def test_a_restarted_actor_is_re_resolved_and_counted_from_its_start(engines, caplog):
+    """An actor restarts (``max_restarts``) in a new worker under a new worker id. With an
+    ``identity_lookup``, RaySource looks it up again, follows the new worker, and counts
+    the new process from 0: the work it did before fleetscope first saw it is not lost."""
+    actor = FakeVllmEngine.options(max_restarts=1).remote(MODEL, 7)
+    old = ray.get(actor.worker_id.remote(), timeout=60)
+    url = _agent_url()
+    node = next(n for n in ray.nodes() if n["Alive"])
+    endpoint = f"node-{node['NodeID'][:8]}"
+    ray.get(actor.record.remote(100, 50, 1.0, [0.05]), timeout=30)
+    _wait_for_agent(url, {("ray_vllm_generation_tokens_total", old): 50})
+
+    lookups: list[str] = []
+
+    def lookup() -> RayIdentity:
+        ident = RayIdentity.of_actors([actor], roles=["decode"], timeout=5)
+        lookups.extend(ident.worker_ids)
+        return ident
+
+    source = RaySource(identity_lookup=lookup, nodes=ray.nodes, relookup_after=1)
+    collector = Collector(source=source, interval=3600)
+    caplog.set_level(logging.INFO, logger="fleetscope")
+    try:
+        first = await collector.poll()
+        assert set(first.engines) == {f"{endpoint}.{old[:8]}-7"}
+        assert lookups == [old]
+
+        ray.kill(actor, no_restart=False)
+        deadline = time.monotonic() + 60
+        new = old
+        while new == old:
+            assert time.monotonic() < deadline, "the actor did not restart"
+            try:
+                new = ray.get(actor.worker_id.remote(), timeout=10)
+            except ray.exceptions.RayActorError:
+                time.sleep(0.5)
+        # the new process works before fleetscope hears of it
+        ray.get(actor.record.remote(30, 20, 2.0, [0.5]), timeout=30)
+        _wait_for_agent(url, {("ray_vllm_generation_tokens_total", new): 20})
+
+        e_new = f"{endpoint}.{new[:8]}-7"
+        views = []
+        while e_new not in (views[-1].engines if views else {}):
+            assert len(views) < 6, [sorted(v.engines) for v in views]
+            time.sleep(1.1)  # polls a clock-skew margin apart, like a real interval
+            views.append(await collector.poll())
+        arrival = views[-1]
+    finally:
+        await collector.stop()
+        ray.kill(actor, no_restart=True)
+
+    assert lookups[-1] == new and source.disabled is None
+    assert set(arrival.engines) == {e_new}  # the dead worker is not the run's any more
+    assert arrival.engines[e_new].role == "decode"
+    # counted from 0 at first sight: everything the new process did
+    assert arrival.keys["inference/agg/generation_tokens_total/delta"] == 20
+    assert arrival.keys["inference/agg/prompt_tokens_total/delta"] == 30
+    assert source.missing == set()
+    assert any(
+        "Ray identity re-resolved: 1 new worker id" in r.getMessage() for r in caplog.records
+    )

@@ -88,6 +88,8 @@ def test_watch_in_tmux_shows_the_stalled_engine_first_in_red(tmp_path: Path) -> 
             f"decode={server.url('decode1')}",
             "--interval",
             "1",
+            "--stall-seconds",  # the default (30 s) is for real fleets; the flag is tested too
+            "3",
         ]
         # keep the pane (and what it printed) if fleetscope exits early
         shell = f"{shlex.join(argv)}; echo FLEETSCOPE-EXITED $?; sleep 300"

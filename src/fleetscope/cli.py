@@ -69,9 +69,66 @@ def _endpoints_from_args(args: argparse.Namespace):
         if not sep or role not in ("prefill", "decode") or not url:
             raise SystemExit(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
         eps.append(Endpoint(url=url, role=role))
-    if not eps:
-        raise SystemExit("fleetscope: give at least one endpoint URL")
+    if not eps and not getattr(args, "endpoints_file", None):
+        raise SystemExit("fleetscope: give at least one endpoint URL (or --endpoints-file)")
     return eps
+
+
+def read_endpoints_file(path: str):
+    """An endpoints file: one endpoint per line, ``URL`` or ``prefill=URL`` / ``decode=URL``;
+    blank lines and ``#`` comments are ignored."""
+    import httpx
+
+    from fleetscope.sources.http import Endpoint
+
+    eps = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            role, sep, url = line.partition("=")
+            if not sep or "://" in role:
+                role, url = "", line
+            elif role not in ("prefill", "decode"):
+                raise ValueError(f"line {lineno}: expected URL, prefill=URL or decode=URL")
+            url = url.strip()
+            try:
+                parsed = httpx.URL(url)
+            except httpx.InvalidURL as e:
+                raise ValueError(f"line {lineno}: {url!r} is not a URL ({e})") from None
+            if parsed.scheme not in ("http", "https") or not parsed.host:
+                raise ValueError(f"line {lineno}: {url!r} is not an http(s) URL")
+            eps.append(Endpoint(url=url, role=role or None))
+    return eps
+
+
+async def _follow_endpoints_file(collector, path: str, fixed, interval: float) -> None:
+    """Re-read ``path`` when it changes and make the watched fleet ``fixed`` + its endpoints.
+    A file that cannot be read or parsed keeps the fleet as it is, with a warning."""
+    import asyncio
+    import logging
+    import os
+
+    log = logging.getLogger("fleetscope")
+    seen: tuple[int, int] | None = None
+    last_error: str | None = None
+    while True:
+        try:
+            st = os.stat(path)
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp != seen:
+                added, removed = collector.set_endpoints([*fixed, *read_endpoints_file(path)])
+                seen, last_error = stamp, None
+                if added or removed:
+                    changes = [f"+{e.name}={e.url}" for e in added] + [f"-{n}" for n in removed]
+                    log.warning("fleetscope: %s: fleet changed: %s", path, ", ".join(changes))
+        except (OSError, ValueError) as e:
+            seen = None  # read it again next time
+            if str(e) != last_error:  # once per distinct problem, not every interval
+                last_error = str(e)
+                log.warning("fleetscope: endpoints file %s: %s; fleet unchanged", path, e)
+        await asyncio.sleep(interval)
 
 
 def _headers_from_args(args: argparse.Namespace) -> dict[str, str]:
@@ -115,9 +172,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
     import logging
 
     from fleetscope.collector import Collector
+    from fleetscope.health import HealthThresholds
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    endpoints = _endpoints_from_args(args)
+    fixed = _endpoints_from_args(args)
+    endpoints = list(fixed)
+    if args.endpoints_file:
+        try:
+            endpoints += read_endpoints_file(args.endpoints_file)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"fleetscope: endpoints file {args.endpoints_file}: {e}") from None
     if args.once:
         return asyncio.run(_watch_once(args, endpoints))
     terminal = not args.no_tui
@@ -130,14 +194,26 @@ def cmd_watch(args: argparse.Namespace) -> int:
         headers=_headers_from_args(args),
         verify=not args.insecure,
         schema=args.schema,
+        health_thresholds=HealthThresholds(
+            stall_seconds=args.stall_seconds, outlier_seconds=args.outlier_seconds
+        ),
     )
 
     async def run() -> None:
         async with collector:
-            if args.duration:
-                await asyncio.sleep(args.duration)
-            else:
-                await asyncio.Event().wait()
+            follow = None
+            if args.endpoints_file:
+                follow = asyncio.create_task(
+                    _follow_endpoints_file(collector, args.endpoints_file, fixed, args.interval)
+                )
+            try:
+                if args.duration:
+                    await asyncio.sleep(args.duration)
+                else:
+                    await asyncio.Event().wait()
+            finally:
+                if follow is not None:
+                    follow.cancel()
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run())
@@ -436,6 +512,9 @@ def _print_table(keys: dict[str, float], args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fleetscope.health import HealthThresholds
+
+    health_defaults = HealthThresholds()
     p = argparse.ArgumentParser(
         prog="fleetscope",
         description="Correct fleet statistics for vLLM inference engines from their /metrics.",
@@ -472,8 +551,27 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--role", action="append", metavar="ROLE=URL", help="prefill=URL or decode=URL (repeat)"
     )
+    w.add_argument(
+        "--endpoints-file",
+        default=None,
+        metavar="FILE",
+        help="more endpoints, one per line (URL, prefill=URL, decode=URL); re-read when it "
+        "changes, so servers can be added and removed while watching",
+    )
     w.add_argument("--interval", type=float, default=5.0, help="seconds between polls (5)")
     w.add_argument("--timeout", type=float, default=5.0, help="per-scrape timeout (5)")
+    w.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=health_defaults.stall_seconds,
+        help="health: requests running and no token for this long is a stall (%(default)s)",
+    )
+    w.add_argument(
+        "--outlier-seconds",
+        type=float,
+        default=health_defaults.outlier_seconds,
+        help="health: this long far below its role's median token rate (%(default)s)",
+    )
     w.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     w.add_argument("--once", action="store_true", help="two polls one interval apart, print")
     w.add_argument("--json", action="store_true", help="with --once: keys as one JSON object")

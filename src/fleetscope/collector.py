@@ -130,9 +130,14 @@ class Collector:
     ):
         if interval <= 0:
             raise ValueError("interval must be positive")
-        if not endpoints and source is None:
-            raise ValueError("give endpoints, or a source (e.g. RaySource)")
         self.endpoints = name_endpoints(endpoints)
+        # add_endpoints / remove_endpoints may be called from any thread; they apply at the
+        # start of the next poll, so a poll never sees the list change under it
+        self._names_used: set[str] = {e.name for e in self.endpoints}
+        self._pending_lock = threading.RLock()
+        self._pending_add: list[Endpoint] = []
+        self._pending_remove: list[str] = []
+        self._scrape_times: dict[str, float] = {}  # endpoint -> time of its last scrape
         self.timeout = timeout
         self.interval = interval
         self.sinks = list(sinks)
@@ -240,6 +245,92 @@ class Collector:
             raise RuntimeError("poll_blocking() needs start_background() first")
         fut = asyncio.run_coroutine_threadsafe(self.poll(), self._loop)
         return fut.result(timeout)
+
+    # ------------------------------------------------------------------ fleet changes
+
+    def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
+        """Watch more endpoints from the next poll on (thread-safe). Unnamed ones get the next
+        free name (names are never reused within a collector); returns them, named. Open
+        windows expect an added endpoint's engines from its first scrape."""
+        with self._pending_lock:
+            pending = {e.url for e in self._pending_add}
+            current = {e.url for e in self.endpoints if e.name not in self._pending_remove}
+            for e in endpoints:
+                url = e.url if isinstance(e, Endpoint) else e
+                if url in current or url in pending:
+                    raise ValueError(f"{url} is already watched")
+                pending.add(url)
+            named = name_endpoints(endpoints, taken=self._names_used)
+            self._names_used.update(e.name for e in named)
+            self._pending_add.extend(named)
+        return named
+
+    def remove_endpoints(self, *endpoints: str | Endpoint) -> list[str]:
+        """Stop watching endpoints (by name, URL or :class:`Endpoint`) from the next poll on
+        (thread-safe); returns the names removed. Their baselines are dropped (a later
+        ``add_endpoints`` of the same server starts afresh); open windows keep what they
+        summed and expect their engines only up to their last scrape."""
+        wanted = {e.name if isinstance(e, Endpoint) else e for e in endpoints}
+        with self._pending_lock:
+            keep = [e for e in self._pending_add if not ({e.name, e.url} & wanted)]
+            names = [e.name for e in self._pending_add if e not in keep]
+            self._pending_add = keep
+            for e in self.endpoints:
+                if {e.name, e.url} & wanted and e.name not in self._pending_remove:
+                    self._pending_remove.append(e.name)
+                    names.append(e.name)
+        return names
+
+    def set_endpoints(
+        self, endpoints: Sequence[str | Endpoint]
+    ) -> tuple[list[Endpoint], list[str]]:
+        """Make the watched fleet exactly ``endpoints`` from the next poll on (service
+        discovery, an endpoints file): endpoints are matched by URL; a URL whose role changed
+        is removed and added again. Returns ``(added, removed names)``."""
+        wanted = {}
+        for e in endpoints:
+            ep = e if isinstance(e, Endpoint) else Endpoint(url=e)
+            if ep.url in wanted:
+                raise ValueError(f"{ep.url} is listed twice")
+            wanted[ep.url] = ep
+        with self._pending_lock:
+            current = {
+                e.url: e
+                for e in [*self.endpoints, *self._pending_add]
+                if e.name not in self._pending_remove
+            }
+            gone = [
+                e.name
+                for url, e in current.items()
+                if url not in wanted or (wanted[url].role or e.role) != e.role
+            ]
+            removed = self.remove_endpoints(*gone) if gone else []
+            new = [
+                ep for url, ep in wanted.items() if url not in current or current[url].name in gone
+            ]
+            added = self.add_endpoints(*new) if new else []
+        return added, removed
+
+    def _apply_fleet_changes(self) -> list[Endpoint]:
+        """At the start of a poll: take pending removals and additions; returns the added."""
+        with self._pending_lock:
+            added, self._pending_add = self._pending_add, []
+            removed, self._pending_remove = self._pending_remove, []
+        for name in removed:
+            self.endpoints = [e for e in self.endpoints if e.name != name]
+            last = self._scrape_times.pop(name, None)
+            if last is not None:
+                self.windows.endpoint_leaves(name, last)
+            self.state.forget_endpoint(name)
+            self.source.forget(name)
+            self._role_checked.discard(name)
+            log.info("fleetscope: %s removed from the fleet", name)
+        for ep in added:
+            self.endpoints.append(ep)
+            if ep.role:
+                self._role_checked.add(ep.name)
+            log.info("fleetscope: %s (%s) added to the fleet", ep.name, ep.url)
+        return added
 
     # ------------------------------------------------------------------ windows
 
@@ -389,10 +480,20 @@ class Collector:
 
     async def _collect(self) -> PollResult:
         """Scrape every endpoint once and reduce (the part a sharded collector replaces)."""
+        added = {e.name for e in self._apply_fleet_changes()}
         scrapes = await self.source.scrape_all(self.endpoints) if self.endpoints else []
+        for sc in scrapes:
+            self._scrape_times[sc.endpoint] = sc.time
+            if sc.endpoint in added:
+                self.windows.endpoint_joins(sc.endpoint, sc.time)
         if self.discover_roles:
             scrapes = await self._discover_roles(scrapes)
         if self.extra_source is not None:
+            # engines the source gave up last poll (a restarted Ray actor's old worker): their
+            # last poll is folded, so forget them before this one
+            take_retired = getattr(self.extra_source, "take_retired", None)
+            for engine_id in take_retired() if take_retired else ():
+                self.state.forget_engine(engine_id)
             scrapes += await self.extra_source.scrape_all()
         if self.fetch_model_info:
             # direct endpoints only: a source's scrapes (Ray agents) come after them

@@ -105,6 +105,20 @@ class FleetState:
             restarts=restarts,
         )
 
+    def forget_engine(self, engine_id: str) -> None:
+        """An engine is gone for good (its worker will never report again)."""
+        self.baselines.forget(engine_id)
+        self.engine_role.pop(engine_id, None)
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        """An endpoint left the fleet: drop its baselines and roles (run totals stay). If it
+        comes back it is a new endpoint: its first scrape is a baseline again."""
+        for engine_id in self.baselines.engines():
+            if engine_id == endpoint or engine_id.rsplit(".", 1)[0] == endpoint:
+                self.baselines.forget(engine_id)
+                self.engine_role.pop(engine_id, None)
+        self.roles.pop(endpoint, None)
+
     def fold(
         self, scrapes: Sequence[ScrapeResult]
     ) -> tuple[list[EngineInput], dict[str, EngineDelta], list[str]]:

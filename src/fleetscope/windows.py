@@ -131,6 +131,10 @@ class Accumulator:
         self.expected: dict[str, float] = {}
         self._open: dict[str, float] | None = None
         self._open_default = 0.0
+        # endpoints added or removed while the span is open: expected time starts at an added
+        # endpoint's first scrape and ends at a removed one's last, not at the boundaries
+        self._joined: dict[str, float] = {}
+        self._left: set[str] = set()  # engines whose expected time is already counted
 
     def add(
         self,
@@ -217,6 +221,38 @@ class Accumulator:
         """A window opens (start / resume): each engine's own scrape time at that boundary."""
         self._open = dict(times)
         self._open_default = now
+        self._joined = {}
+        self._left = set()
+
+    def _span_start(self, engine: str) -> float:
+        assert self._open is not None
+        if engine in self._open:
+            return self._open[engine]
+        return self._joined.get(_endpoint_of(engine), self._open_default)
+
+    def endpoint_joins(self, endpoint: str, time: float) -> None:
+        """An endpoint was added to the fleet, first scraped at ``time``."""
+        if self._open is None:
+            return
+        self._joined[endpoint] = time
+        for e in [e for e in self._left if _endpoint_of(e) == endpoint]:
+            self._left.discard(e)
+            self._open.pop(e, None)
+
+    def endpoint_leaves(self, endpoint: str, time: float) -> None:
+        """An endpoint was removed from the fleet, last scraped at ``time``: its engines are
+        expected up to there and no further."""
+        if self._open is None:
+            return
+        for e in self._span_engines({}):
+            if _endpoint_of(e) == endpoint:
+                self.expected[e] = self.expected.get(e, 0.0) + max(0.0, time - self._span_start(e))
+                self._left.add(e)
+
+    def _span_engines(self, times: Mapping[str, float]) -> set[str]:
+        assert self._open is not None
+        engines = set(self._open) | set(times) | {e for e, a in self.engines.items() if a.is_engine}
+        return engines - self._left
 
     def close_span(self, now: float, times: Mapping[str, float]) -> None:
         """A window closes (pause / stop): every engine should have been covered from its time
@@ -224,12 +260,12 @@ class Accumulator:
         answer, so a failed last scrape shows as missing coverage)."""
         if self._open is None:
             return
-        engines = set(self._open) | set(times) | {e for e, a in self.engines.items() if a.is_engine}
-        for e in engines:
-            start = self._open.get(e, self._open_default)
+        for e in self._span_engines(times):
             end = times.get(e, now)
-            self.expected[e] = self.expected.get(e, 0.0) + max(0.0, end - start)
+            self.expected[e] = self.expected.get(e, 0.0) + max(0.0, end - self._span_start(e))
         self._open = None
+        self._joined = {}
+        self._left = set()
 
     def coverage(self) -> float | None:
         """Engine-seconds with exact deltas / engine-seconds the interval should cover."""
@@ -352,6 +388,10 @@ class Accumulator:
                 if vals[0] or vals[1] or vals[2] or not math.isnan(vals[3]):
                     es.retired[sid] = _combine(es.retired.get(sid), vals)
         return acc
+
+
+def _endpoint_of(engine_id: str) -> str:
+    return engine_id.rsplit(".", 1)[0]
 
 
 def _nan_or_zero(d: EngineDelta) -> np.ndarray:
@@ -509,6 +549,18 @@ class WindowSet:
         w.state = "stopped"
         self.run.setdefault(label, Accumulator(label)).merge(w.acc)
         return w
+
+    def endpoint_joins(self, endpoint: str, time: float) -> None:
+        """An endpoint joined the fleet (first scraped at ``time``): open windows expect its
+        engines from then on."""
+        for w in self.active.values():
+            w.acc.endpoint_joins(endpoint, time)
+
+    def endpoint_leaves(self, endpoint: str, time: float) -> None:
+        """An endpoint left the fleet (last scraped at ``time``): open windows stop expecting
+        its engines there."""
+        for w in self.active.values():
+            w.acc.endpoint_leaves(endpoint, time)
 
     # ------------------------------------------------------------------ attribution
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -49,12 +49,19 @@ class Endpoint:
         return u[: -len("/metrics")] if u.endswith("/metrics") else u
 
 
-def name_endpoints(endpoints: Sequence[str | Endpoint]) -> list[Endpoint]:
+def name_endpoints(
+    endpoints: Sequence[str | Endpoint], taken: Iterable[str] = ()
+) -> list[Endpoint]:
     """Give unnamed endpoints their display names, counted per role in the order given:
-    ``server0, server1`` / ``prefill0`` / ``decode0, decode1``."""
+    ``server0, server1`` / ``prefill0`` / ``decode0, decode1``, skipping names in ``taken``."""
     counters: dict[str, int] = {}
     out: list[Endpoint] = []
-    taken = {e.name for e in endpoints if isinstance(e, Endpoint) and e.name}
+    taken = set(taken)
+    given = [e.name for e in endpoints if isinstance(e, Endpoint) and e.name]
+    clash = taken.intersection(given)
+    if clash:
+        raise ValueError(f"endpoint names already in use: {sorted(clash)}")
+    taken.update(given)
     for e in endpoints:
         ep = e if isinstance(e, Endpoint) else Endpoint(url=e)
         if not ep.name:
@@ -139,6 +146,11 @@ class HttpSource:
 
     def warn(self, endpoint: str, kind: str, message: str) -> None:
         self._warner.warn(f"{endpoint}:{kind}", message)
+
+    def forget(self, name: str) -> None:
+        """An endpoint left the fleet: drop its parser and cached model info."""
+        self._parsers.pop(name, None)
+        self.max_model_len.pop(name, None)
 
     async def scrape_all(self, endpoints: Sequence[Endpoint]) -> list[ScrapeResult]:
         return list(await asyncio.gather(*(self.scrape(e) for e in endpoints)))

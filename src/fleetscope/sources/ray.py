@@ -252,6 +252,12 @@ class RaySource:
     After every poll: ``foreign_engines`` (engines filtered out), ``missing`` (own worker or
     replica ids with no sample: not started, idle with expired gauges, or restarted under a
     new worker id) and ``disabled`` (why this source gave up, or None).
+
+    A restarted actor runs in a new worker under a new worker id. With ``identity_lookup``,
+    the lookup is run again once own ids have been missing for ``relookup_after`` polls in a
+    row (then after twice as many, up to ``relookup_max`` polls, while nothing changes); a
+    worker id found that way is a new process, so its engines count from 0 at first sight
+    and nothing it did before is lost. A failed re-lookup keeps the identity it had.
     """
 
     def __init__(
@@ -263,8 +269,21 @@ class RaySource:
         rediscover_every: int = 12,
         http: HttpSource | None = None,
         lookup_timeout: float = IDENTITY_LOOKUP_TIMEOUT,
+        relookup_after: int = 3,
+        relookup_max: int = 96,
     ):
         self.identity = identity
+        self.relookup_after = max(1, relookup_after)
+        self.relookup_max = max(self.relookup_after, relookup_max)
+        self._relookup_wait = self.relookup_after
+        self._missing_polls = 0
+        # foreign engines when the identity was last looked up (None: not scraped yet)
+        self._foreign_known: int | None = None
+        # worker ids a re-lookup found (new processes) -> wall time of their first sample
+        self._fresh: dict[str, float | None] = {}
+        self._label_wid: dict[str, str] = {}  # engine label -> its worker id
+        self._engines_of_wid: dict[str, set[str]] = {}  # worker id -> engine ids seen
+        self._retired: set[str] = set()  # engine ids of workers no longer the run's
         self._lookup = identity_lookup
         self._nodes = nodes
         self.rediscover_every = max(1, rediscover_every)
@@ -301,6 +320,45 @@ class RaySource:
             )
             return False
         return True
+
+    async def _relookup(self) -> None:
+        """Own ids went missing: ask the lookup again (actors restart under new workers)."""
+        old = self.identity or RayIdentity()
+        try:
+            new = await asyncio.wait_for(
+                asyncio.to_thread(self._lookup), timeout=self.lookup_timeout
+            )
+        except Exception as e:  # keep what we had: the old ids may come back
+            self._warner.warn("relookup", f"Ray identity re-lookup failed: {type(e).__name__}: {e}")
+            return
+        if not isinstance(new, RayIdentity) or new.empty:
+            self._warner.warn("relookup", f"Ray identity re-lookup gave nothing usable: {new}")
+            return
+        added = new.worker_ids - old.worker_ids
+        dropped = (old.worker_ids | old.replica_ids) - (new.worker_ids | new.replica_ids)
+        for wid in added:
+            self._fresh[wid] = None
+        for wid in old.worker_ids - new.worker_ids:
+            self._fresh.pop(wid, None)
+            self._retired.update(self._engines_of_wid.pop(wid, ()))
+        self.identity = new
+        if added or dropped or new.roles != old.roles:
+            self._relookup_wait = self.relookup_after
+            log.warning(
+                "fleetscope: Ray identity re-resolved: %d new worker id(s) %s, %d gone %s",
+                len(added),
+                sorted(w[:8] for w in added),
+                len(dropped),
+                sorted(w[:8] for w in dropped),
+            )
+        else:  # nothing changed: missing for another reason (idle gauges); ask less often
+            self._relookup_wait = min(self._relookup_wait * 2, self.relookup_max)
+
+    def take_retired(self) -> set[str]:
+        """Engine ids of workers that stopped being the run's (a restarted actor's old
+        worker): the collector forgets them. Each is returned once."""
+        out, self._retired = self._retired, set()
+        return out
 
     def _disable(self, why: str) -> None:
         self.disabled = why
@@ -341,6 +399,10 @@ class RaySource:
                 continue
             kept_total += len(expo)
             foreign += dropped
+            for label in expo:
+                wid = self._label_wid.get(label)
+                if wid:
+                    self._engines_of_wid.setdefault(wid, set()).add(f"{r.endpoint}.{label}")
             out.append(
                 ScrapeResult(
                     r.endpoint, expo, r.time, r.wall_time, r.latency, None, None, r.groups, roles
@@ -357,6 +419,18 @@ class RaySource:
         ident = self.identity or RayIdentity()
         self.missing = (ident.worker_ids | ident.replica_ids) - seen
         answered = any(r.ok for r in results)
+        # own ids without samples, or new foreign engines (a restarted actor's new worker,
+        # while the agent still exports the dead one's last values): maybe a restart
+        if self._foreign_known is None and answered:
+            self._foreign_known = foreign
+        known = foreign if self._foreign_known is None else self._foreign_known
+        suspect = answered and bool(self.missing or foreign > known)
+        self._foreign_known = min(known, foreign)
+        self._missing_polls = self._missing_polls + 1 if suspect else 0
+        if self._lookup is not None and self._missing_polls >= self._relookup_wait:
+            self._missing_polls = 0
+            self._foreign_known = foreign
+            await self._relookup()
         if answered and kept_total == 0 and foreign:
             self._warner.warn(
                 "filtered-all",
@@ -443,7 +517,17 @@ class RaySource:
         roles: dict[str, Role] = {}
         for key, pieces in mine.items():
             label = labels[key]
-            kept[label] = self._merge([s for _, s in pieces], label)
+            snap = self._merge([s for _, s in pieces], label)
+            wid = key[1] if key[0] == "w" else None
+            if wid:
+                self._label_wid[label] = wid
+            if wid in self._fresh:  # a new process: it started after the previous poll
+                if self._fresh[wid] is None:
+                    self._fresh[wid] = snap.wall_time
+                snap = EngineSnapshot(
+                    label, snap.layout, snap.data, snap.time, snap.wall_time, self._fresh[wid]
+                )
+            kept[label] = snap
             values = [v for e, _ in pieces for v in (e.worker_id, e.replica_id, e.model_name) if v]
             seen.update(v for e, _ in pieces for v in (e.worker_id, e.replica_id) if v)
             role = next((ident.roles[v] for v in values if v in ident.roles), None)
