@@ -281,14 +281,31 @@ def _served_fleet() -> SimFleet:
     return fleet
 
 
-def _compare(got: dict[str, float], want: dict[str, float], label: str) -> int:
+def interval_clock_dependent(keys: dict[str, float]):
+    """For window and summary keys: also active seconds, and gauges' time-weighted stats
+    (weighted by each collector's own seconds; their peaks are not)."""
+    gauges = {k[: -len("/peak")] for k in keys if k.endswith("/peak")}
+
+    def dependent(key: str) -> bool:
+        return (
+            clock_dependent(key)
+            or key.endswith("/active_seconds")
+            or (key.rsplit("/", 1)[0] in gauges and not key.endswith("/peak"))
+        )
+
+    return dependent
+
+
+def _compare(
+    got: dict[str, float], want: dict[str, float], label: str, skip=clock_dependent
+) -> int:
     assert set(got) == set(want), (
         label,
         sorted(set(got) ^ set(want))[:20],
     )
     compared = 0
     for k, v in want.items():
-        if clock_dependent(k):
+        if skip(k):
             continue
         # exact: the same scrapes, the same arithmetic, whatever the sharding
         assert got[k] == v or (math.isnan(got[k]) and math.isnan(v)), (label, k, got[k], v)
@@ -375,6 +392,10 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
             agg = keys["one"]
             if step == 0:
                 assert gen not in agg  # baselines only
+                # a window from here to the end: its boundary polls see the same bodies
+                for c in collectors.values():
+                    await c.window("train").astart()
+                truth_start = fleet.truth_total("vllm:generation_tokens_total")
                 continue
             prev_views, prev_t0 = history[-2]
             for name, v in views.items():
@@ -399,6 +420,27 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
         want = fleet.truth_total("vllm:generation_tokens_total") - truth0
         for name, total in totals.items():
             assert total == want, (name, total, want)
+
+        # windows: the shards' per-engine sums plus the driver's polls give one collector's keys
+        window = {name: await c.window("train").astop() for name, c in collectors.items()}
+        in_window = fleet.truth_total("vllm:generation_tokens_total") - truth_start
+        for name, k in window.items():
+            assert k["inference/train/agg/generation_tokens_total/delta"] == in_window, name
+            assert k["inference/train/polls"] == 3.0 and k["inference/train/failed_scrapes"] == 1
+            assert k["inference/train/coverage"] == 1.0, name  # the failure cost nothing
+        for name in ("shards2", "shards4"):
+            skip = interval_clock_dependent(window["one"])
+            n = _compare(window[name], window["one"], f"window {name}", skip)
+            assert n > 500, n
     finally:
         for c in collectors.values():
             await c.stop()
+    # the run summary, gathered from the shards at stop
+    summary = {name: c.summary() for name, c in collectors.items()}
+    run_total = "inference_summary/combined/agg/generation_tokens_total/delta"
+    assert summary["one"][run_total] == want
+    assert summary["one"]["inference_summary/train/agg/generation_tokens_total/delta"] == in_window
+    for name in ("shards2", "shards4"):
+        skip = interval_clock_dependent(summary["one"])
+        n = _compare(summary[name], summary["one"], f"summary {name}", skip)
+        assert n > 1000, n

@@ -26,7 +26,7 @@ from fleetscope.sinks.base import Sink
 from fleetscope.sources.http import Endpoint, HttpSource, name_endpoints
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.reduce import Role
-from fleetscope.windows import COMBINED, Accumulator, WindowError, WindowSet
+from fleetscope.windows import COMBINED, Accumulator, Window, WindowError, WindowSet
 
 log = logging.getLogger("fleetscope")
 
@@ -351,14 +351,8 @@ class Collector:
             await asyncio.get_running_loop().run_in_executor(
                 self._sink_pool, self._notify_sinks, hook, label
             )
-        if action == "start":
-            self.windows.start(label, now, times)
-        elif action == "pause":
-            self.windows.pause(label, now, times)
-        elif action == "resume":
-            self.windows.resume(label, now, times)
-        else:
-            w = self.windows.stop(label, now, times)
+        w = await self._window_action(action, label, now, times)
+        if action == "stop":
             keys = self._interval_keys(w.acc, label, summary=False)
             if self.sinks and keys:
                 await asyncio.get_running_loop().run_in_executor(
@@ -366,6 +360,18 @@ class Collector:
                 )
             return keys
         return {}
+
+    async def _window_action(
+        self, action: str, label: str, now: float, times: Mapping[str, float]
+    ) -> Window:
+        """Apply a boundary to the windows (a sharded driver also has its shards do it)."""
+        return getattr(self.windows, action)(label, now, times)
+
+    async def _close_windows(self) -> None:
+        """At the end of the run: stop every window still open or paused."""
+        for label in list(self.windows.active) + list(self.windows.paused):
+            with contextlib.suppress(WindowError):
+                self.windows.stop(label, time.monotonic())
 
     def _interval_keys(self, acc: Accumulator, label: str, *, summary: bool) -> dict[str, float]:
         stats = acc.stats()
@@ -418,9 +424,7 @@ class Collector:
         self._summary_published = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.poll(), timeout=self.timeout * 2)
-        for label in list(self.windows.active) + list(self.windows.paused):
-            with contextlib.suppress(WindowError):
-                self.windows.stop(label, time.monotonic())
+        await self._close_windows()
         if self.run_status == "running":
             self.run_status = status
         summary = self.summary()

@@ -7,14 +7,18 @@ behind rates and pooled values, and per-scope histogram bucket sums. The driver 
 in endpoint order and finishes the reduction, so it logs exactly the keys one collector would
 log for the same scrapes. Parsing — the CPU-heavy part — runs in the actors, in parallel.
 
-Windows are a single-collector feature: a sharded driver logs per-poll keys and health.
+Windows and the run summary are split the same way: each shard attributes its engines' deltas
+to its own copy of the windows (its own clock for coverage), and at a window's stop (and at the
+end of the run) the driver adds the shards' per-engine sums to the polls, seconds and failed
+scrapes it counted itself. Window keys and the summary are then what one collector logs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -23,6 +27,7 @@ from fleetscope.exposition import Exposition
 from fleetscope.fleet import FleetState, PollResult, ScrapeResult
 from fleetscope.sources.http import Endpoint, HttpSource
 from fleetscope.stats.reduce import Partial, partial_reduce
+from fleetscope.windows import Accumulator, Window, WindowSet
 
 _EMPTY = Exposition({}, None, {})
 
@@ -34,10 +39,17 @@ class ShardWorker:
         self.endpoints = [Endpoint(**e) for e in endpoints]
         self.source = HttpSource(timeout=timeout, max_concurrency=max_concurrency)
         self.state = FleetState()
+        # this shard's engines in every window; polls and seconds are the driver's to count
+        self.windows = WindowSet()
+        self._now = time.monotonic()
+        self._times: dict[str, float] = {}  # engine -> its scrape time in the last poll
 
     async def poll(self) -> tuple[Partial, list[ScrapeResult], list[str]]:
         scrapes = await self.source.scrape_all(self.endpoints)
         inputs, _deltas, restarts = await asyncio.to_thread(self.state.fold, scrapes)
+        self._now = time.monotonic()
+        self._times = {i.engine_id: i.delta.current.time for i in inputs if i.is_engine}
+        await asyncio.to_thread(self.windows.attribute, inputs, now=self._now)
         part = await asyncio.to_thread(partial_reduce, inputs)
         # the driver needs each scrape's outcome, not its snapshots
         meta = [
@@ -54,6 +66,18 @@ class ShardWorker:
             for sc in scrapes
         ]
         return part, meta, restarts
+
+    def window(self, action: str, label: str) -> dict | None:
+        """The driver's window boundary, at this shard's last poll (the boundary poll);
+        returns the window's sums at ``stop``."""
+        w = getattr(self.windows, action)(label, self._now, self._times)
+        return w.acc.state_dict() if action == "stop" else None
+
+    def finish(self) -> dict[str, dict]:
+        """The end of the run: stop open windows; every run label's per-engine sums."""
+        for label in list(self.windows.active) + list(self.windows.paused):
+            self.windows.stop(label, self._now, self._times)
+        return {label: acc.state_dict() for label, acc in self.windows.run.items()}
 
     async def close(self) -> None:
         await self.source.aclose()
@@ -76,6 +100,10 @@ class ShardedCollector(Collector):
 
     Needs ``ray`` (``pip install "fleetscope[ray]"``) and an initialised Ray (``ray.init``).
     ``actor_options`` go to ``.options()`` of each shard actor (``num_cpus``, scheduling...).
+
+    Windows log the same keys as one collector's. The run summary's per-engine sums are
+    gathered from the shards when the collector stops (``summary()`` before that has only the
+    driver's counts); ``state_dict`` is not supported. Roles are not discovered: give them.
     """
 
     def __init__(
@@ -113,6 +141,47 @@ class ShardedCollector(Collector):
             self.source._pool,
             lambda: self.state.finish(partials, scrapes, restarts=restarts),
         )
+
+    async def _window_action(
+        self, action: str, label: str, now: float, times: Mapping[str, float]
+    ) -> Window:
+        parts = await asyncio.gather(*(s.window.remote(action, label) for s in self.shards))
+        w = await super()._window_action(action, label, now, times)
+        for part in parts:
+            if part is not None:  # stop: the engines' sums, each shard's own
+                w.acc.merge_engines(Accumulator.from_state_dict(part))
+        return w
+
+    async def _close_windows(self) -> None:
+        runs = await asyncio.gather(
+            *(asyncio.wait_for(s.finish.remote(), self.timeout * 4) for s in self.shards),
+            return_exceptions=True,
+        )
+        await super()._close_windows()
+        # the run labels' per-engine sums live in the shards; polls and seconds are ours
+        for i, run in enumerate(runs):
+            if isinstance(run, BaseException):  # the summary goes out without that shard
+                self._warner.warn(f"shard-finish:{i}", f"shard {i} gave no run summary: {run!r}")
+                continue
+            for label, state in run.items():
+                acc = self.windows.run.get(label)
+                if acc is not None:
+                    acc.merge_engines(Accumulator.from_state_dict(state))
+
+    def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
+        raise NotImplementedError("a ShardedCollector's shards own fixed slices of the fleet")
+
+    def remove_endpoints(self, *endpoints: str | Endpoint) -> list[str]:
+        raise NotImplementedError("a ShardedCollector's shards own fixed slices of the fleet")
+
+    def set_endpoints(self, endpoints: Sequence[str | Endpoint]):
+        raise NotImplementedError("a ShardedCollector's shards own fixed slices of the fleet")
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError("a ShardedCollector cannot be checkpointed yet")
+
+    def load_state_dict(self, state: Mapping) -> None:
+        raise NotImplementedError("a ShardedCollector cannot be checkpointed yet")
 
     async def stop(self, status: str | None = None, *, timeout: float = 30.0) -> None:
         await super().stop(status, timeout=timeout)

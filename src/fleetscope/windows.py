@@ -189,6 +189,11 @@ class Accumulator:
         self.failed_scrapes += other.failed_scrapes
         self.engine_restarts += other.engine_restarts
         self.active_seconds += other.active_seconds
+        self.merge_engines(other)
+
+    def merge_engines(self, other: Accumulator) -> None:
+        """Add another accumulator's per-engine sums and expected seconds, not its polls or
+        seconds (a shard's part of a window whose polls the driver counted)."""
         for e, v in other.expected.items():
             self.expected[e] = self.expected.get(e, 0.0) + v
         for eid, o in other.engines.items():
