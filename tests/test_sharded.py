@@ -282,14 +282,15 @@ def _served_fleet() -> SimFleet:
 
 
 def interval_clock_dependent(keys: dict[str, float]):
-    """For window and summary keys: also active seconds, and gauges' time-weighted stats
-    (weighted by each collector's own seconds; their peaks are not)."""
+    """For window and summary keys: also active seconds, coverage (the run labels' is covered
+    engine-seconds over active seconds; windows' is checked apart), and gauges' time-weighted
+    stats (weighted by each collector's own seconds; their peaks are not)."""
     gauges = {k[: -len("/peak")] for k in keys if k.endswith("/peak")}
 
     def dependent(key: str) -> bool:
         return (
             clock_dependent(key)
-            or key.endswith("/active_seconds")
+            or key.endswith(("/active_seconds", "/coverage"))
             or (key.rsplit("/", 1)[0] in gauges and not key.endswith("/peak"))
         )
 
