@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetscope.collector import Collector
+from fleetscope.health import HealthThresholds
 from fleetscope.sinks.jsonl import JsonlSink
 from fleetscope.sinks.terminal import TerminalSink
 from fleetscope.sources.http import Endpoint
@@ -67,7 +68,9 @@ async def run_demo(
             Endpoint(url, role=ep.role)
             for url, ep in zip(server.urls, fleet.endpoints, strict=True)
         ]
-        collector = Collector(endpoints, interval=interval, sinks=sinks)
+        # the demo compresses a run into seconds: judge a stall over 3 s, not a real fleet's 30
+        health = HealthThresholds(stall_seconds=3.0, outlier_seconds=3.0)
+        collector = Collector(endpoints, interval=interval, sinks=sinks, health_thresholds=health)
         polls = 0
         t0 = time.monotonic()
         async with collector:
@@ -129,5 +132,6 @@ def print_report(result: DemoResult) -> None:
         c.print(f"upload later with: wandb sync {where}", soft_wrap=True)
     c.print(
         "The injected fault: decode0.0 stalled during the eval window; see "
+        "inference/health/generation_stalled and "
         "inference/decode/generation_tokens_total:rate/min in the JSONL."
     )
