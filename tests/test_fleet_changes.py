@@ -254,3 +254,43 @@ def test_watch_follows_an_endpoints_file(tmp_path):
     assert f"+decode0={b}" in err and "-server0" in err
     assert f"endpoints file {listing}: line 1: 'ftp://{b[7:]}' is not an http(s) URL" in err, err
     assert err.count("fleet unchanged") == 1, err  # warned once, not every interval
+
+
+# --------------------------------------------------------------------------- coverage rules
+
+
+def test_a_new_process_is_expected_only_from_its_start():
+    """An engine first seen counting from 0 (its process started inside the interval: a
+    scale-up, a restarted Ray actor's new worker) did not exist before: a window expects it
+    from the start of that interval, not from the window's start. One that leaves for good is
+    expected up to its last scrape. Both covered throughout: coverage 1."""
+    from conftest import fixture_text, set_values
+    from fleetscope.exposition import Parser
+    from fleetscope.stats.deltas import Baselines
+    from fleetscope.stats.reduce import EngineInput
+    from fleetscope.windows import WindowSet
+
+    body = fixture_text("single_after.prom")
+    parser, base = Parser(), Baselines()
+    windows = WindowSet()
+
+    def poll(t: float, engines: dict[str, float | None]) -> dict[str, float]:
+        inputs = []
+        for eid, new_interval in engines.items():
+            snap = parser.parse(set_values(body, r"^vllm:generation_tokens_total\{", t), time=t)
+            delta = base.advance(eid, snap["0"], new_engine_interval=new_interval)
+            inputs.append(EngineInput(eid, delta))
+        windows.attribute(inputs, now=t)
+        return {i.engine_id: t for i in inputs}
+
+    times = poll(100.0, {"a.0": None, "old.0": None})
+    windows.start("w", 100.0, times)
+    poll(110.0, {"a.0": None, "old.0": None})
+    windows.engine_leaves("old.0", 110.0)  # gone for good after its scrape at 110
+    poll(120.0, {"a.0": None, "new.0": 4.0})  # started after 116: counted from 0
+    w = windows.stop("w", 130.0, poll(130.0, {"a.0": None, "new.0": None}))
+    assert w.acc.expected == {"a.0": 30.0, "old.0": 10.0, "new.0": 14.0}
+    assert w.acc.coverage() == 1.0
+    # everything the new process counted is in the window: its whole value at 130
+    gen = w.acc.engines["new.0"]
+    assert gen.delta[gen.layout.index["vllm:generation_tokens_total"]] == 130.0

@@ -309,6 +309,8 @@ async def test_a_restarted_actor_is_re_resolved_and_counted_from_its_start(engin
         first = await collector.poll()
         assert set(first.engines) == {f"{endpoint}.{old[:8]}-7"}
         assert lookups == [old]
+        train = collector.window("train")  # spans the restart
+        await train.astart()
 
         ray.kill(actor, no_restart=False)
         deadline = time.monotonic() + 60
@@ -330,6 +332,7 @@ async def test_a_restarted_actor_is_re_resolved_and_counted_from_its_start(engin
             time.sleep(1.1)  # polls a clock-skew margin apart, like a real interval
             views.append(await collector.poll())
         arrival = views[-1]
+        window = await train.astop()
     finally:
         await collector.stop()
         ray.kill(actor, no_restart=True)
@@ -344,3 +347,7 @@ async def test_a_restarted_actor_is_re_resolved_and_counted_from_its_start(engin
     assert any(
         "Ray identity re-resolved: 1 new worker id" in r.getMessage() for r in caplog.records
     )
+    # the window across the restart is exact, and complete: the old worker is expected until
+    # its last scrape, the new one from the start of the interval it was counted over
+    assert window["inference/train/agg/generation_tokens_total/delta"] == 20
+    assert window["inference/train/coverage"] == pytest.approx(1.0, abs=1e-12)

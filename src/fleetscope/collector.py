@@ -497,6 +497,9 @@ class Collector:
             # last poll is folded, so forget them before this one
             take_retired = getattr(self.extra_source, "take_retired", None)
             for engine_id in take_retired() if take_retired else ():
+                last = self.state.baselines.last(engine_id)
+                if last is not None:
+                    self.windows.engine_leaves(engine_id, last.time)
                 self.state.forget_engine(engine_id)
             scrapes += await self.extra_source.scrape_all()
         if self.fetch_model_info:

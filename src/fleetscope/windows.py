@@ -161,6 +161,11 @@ class Accumulator:
                 acc.current = d.current
             if d.baseline_only:
                 continue
+            if d.started and self._open is not None and inp.engine_id not in self._open:
+                # a new process (a scale-up, a restarted Ray actor's new worker): it did not
+                # exist before its interval, so nothing earlier is expected of it
+                self._open[inp.engine_id] = d.current.time - d.seconds
+                self._left.discard(inp.engine_id)
             acc.delta = acc.delta + np.where(np.isnan(d.delta), _nan_or_zero(d), d.delta)
             acc.covered += d.seconds
             if d.restarted:
@@ -251,8 +256,17 @@ class Accumulator:
             return
         for e in self._span_engines({}):
             if _endpoint_of(e) == endpoint:
-                self.expected[e] = self.expected.get(e, 0.0) + max(0.0, time - self._span_start(e))
-                self._left.add(e)
+                self.engine_leaves(e, time)
+
+    def engine_leaves(self, engine: str, time: float) -> None:
+        """An engine is gone for good (a restarted Ray actor's old worker), last scraped at
+        ``time``: expected up to there."""
+        if self._open is None or engine in self._left:
+            return
+        self.expected[engine] = self.expected.get(engine, 0.0) + max(
+            0.0, time - self._span_start(engine)
+        )
+        self._left.add(engine)
 
     def _span_engines(self, times: Mapping[str, float]) -> set[str]:
         assert self._open is not None
@@ -566,6 +580,11 @@ class WindowSet:
         its engines there."""
         for w in self.active.values():
             w.acc.endpoint_leaves(endpoint, time)
+
+    def engine_leaves(self, engine: str, time: float) -> None:
+        """An engine is gone for good (last scraped at ``time``)."""
+        for w in self.active.values():
+            w.acc.engine_leaves(engine, time)
 
     # ------------------------------------------------------------------ attribution
 

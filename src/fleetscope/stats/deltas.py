@@ -273,5 +273,9 @@ class Baselines:
     def engines(self) -> list[str]:
         return list(self._last)
 
+    def last(self, engine_id: str) -> EngineSnapshot | None:
+        """The engine's latest snapshot (its baseline for the next poll), if any."""
+        return self._last.get(engine_id)
+
     def state(self) -> dict[str, EngineSnapshot]:
         return dict(self._last)
