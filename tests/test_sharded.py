@@ -388,6 +388,14 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
             for name in ("shards2", "shards4"):
                 n = _compare(keys[name], keys["one"], f"step {step} {name}")
                 assert n > 500, n
+                # the typed view too (admission control reads it)
+                want_pre = {
+                    e: x.preemptions_since_last_poll for e, x in views["one"].engines.items()
+                }
+                got_pre = {e: x.preemptions_since_last_poll for e, x in views[name].engines.items()}
+                assert got_pre == want_pre, (step, name)
+                if step:
+                    assert sum(v is not None for v in want_pre.values()) >= 8
             for name, v in views.items():
                 totals[name] += v.keys.get(gen, 0.0)
             agg = keys["one"]

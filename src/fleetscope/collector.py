@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -71,6 +71,9 @@ class FleetView:
     endpoints_expected: int
     keys: Mapping[str, float]
     result: PollResult
+
+
+PREEMPTIONS = "vllm:num_preemptions"
 
 
 def counter_increase(delta: EngineDelta | None, family: str) -> float | None:
@@ -590,6 +593,10 @@ class Collector:
                 log.info("fleetscope: %s discovered as a %s server", ep.name, role)
         return out
 
+    def _known_engines(self) -> Iterable[str]:
+        """Every engine id with a baseline (seen before, and not forgotten)."""
+        return self.state.baselines.engines()
+
     def _view(self, result: PollResult) -> FleetView:
         stats = result.stats
         engines: dict[str, EngineLoad] = {}
@@ -607,14 +614,16 @@ class Collector:
                 running=_get(m, "num_requests_running"),
                 waiting=_get(m, "num_requests_waiting"),
                 waiting_for_capacity=_get(m, "num_requests_waiting_reason_capacity"),
-                preemptions_since_last_poll=counter_increase(
-                    result.deltas.get(eid), "vllm:num_preemptions"
+                preemptions_since_last_poll=(
+                    counter_increase(result.deltas.get(eid), PREEMPTIONS)
+                    if eid in result.deltas
+                    else result.preemptions.get(eid)
                 ),
                 kv_capacity_tokens=_get(m, "kv_cache_capacity_tokens"),
                 max_model_len=self.source.max_model_len.get(endpoint),
             )
         # engines seen before but silent this poll: listed, with nothing known
-        for eid in self.state.baselines.engines():
+        for eid in self._known_engines():
             endpoint = eid.rsplit(".", 1)[0]
             if eid not in engines and "." in eid:
                 engines[eid] = EngineLoad(

@@ -65,6 +65,8 @@ class PollResult:
     time: float = 0.0  # monotonic time of the latest response in this poll
     inputs: list[EngineInput] = field(default_factory=list)
     events: list = field(default_factory=list)  # health events (fleetscope.health.HealthEvent)
+    # per engine, when ``deltas`` are not at hand (a sharded driver): preemptions this poll
+    preemptions: dict[str, float | None] = field(default_factory=dict)
 
 
 class FleetState:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from fleetscope.collector import Collector
+from fleetscope.collector import PREEMPTIONS, Collector, counter_increase
 from fleetscope.exposition import Exposition
 from fleetscope.fleet import FleetState, PollResult, ScrapeResult
 from fleetscope.sources.http import Endpoint, HttpSource
@@ -44,9 +44,13 @@ class ShardWorker:
         self._now = time.monotonic()
         self._times: dict[str, float] = {}  # engine -> its scrape time in the last poll
 
-    async def poll(self) -> tuple[Partial, list[ScrapeResult], list[str]]:
+    async def poll(
+        self,
+    ) -> tuple[Partial, list[ScrapeResult], list[str], dict[str, float | None]]:
         scrapes = await self.source.scrape_all(self.endpoints)
-        inputs, _deltas, restarts = await asyncio.to_thread(self.state.fold, scrapes)
+        inputs, deltas, restarts = await asyncio.to_thread(self.state.fold, scrapes)
+        # what the driver's FleetView needs per engine and cannot compute without deltas
+        preemptions = {e: counter_increase(d, PREEMPTIONS) for e, d in deltas.items()}
         self._now = time.monotonic()
         self._times = {i.engine_id: i.delta.current.time for i in inputs if i.is_engine}
         await asyncio.to_thread(self.windows.attribute, inputs, now=self._now)
@@ -65,7 +69,7 @@ class ShardWorker:
             )
             for sc in scrapes
         ]
-        return part, meta, restarts
+        return part, meta, restarts, preemptions
 
     def window(self, action: str, label: str) -> dict | None:
         """The driver's window boundary, at this shard's last poll (the boundary poll);
@@ -120,6 +124,7 @@ class ShardedCollector(Collector):
         super().__init__(endpoints, max_concurrency=max_concurrency, **kwargs)
         import ray
 
+        self._seen: dict[str, None] = {}  # engine ids reported so far, in order
         remote_cls = ray.remote(ShardWorker)
         opts = {"num_cpus": 0, **(actor_options or {})}
         self.shards = [
@@ -131,16 +136,26 @@ class ShardedCollector(Collector):
 
     async def _collect(self) -> PollResult:
         replies = await asyncio.gather(*(s.poll.remote() for s in self.shards))
-        partials = [p for p, _, _ in replies]
-        scrapes = [sc for _, meta, _ in replies for sc in meta]
-        restarts = [r for _, _, rs in replies for r in rs]
+        partials = [p for p, _, _, _ in replies]
+        scrapes = [sc for _, meta, _, _ in replies for sc in meta]
+        restarts = [r for _, _, rs, _ in replies for r in rs]
         for r in restarts:
             self.state.restarts[r] = self.state.restarts.get(r, 0) + 1
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
+        result = await loop.run_in_executor(
             self.source._pool,
             lambda: self.state.finish(partials, scrapes, restarts=restarts),
         )
+        for _, _, _, preemptions in replies:
+            result.preemptions.update(preemptions)
+        stats = result.stats
+        self._seen.update(
+            (e, None) for e, is_eng in zip(stats.engine_ids, stats.is_engine, strict=True) if is_eng
+        )
+        return result
+
+    def _known_engines(self) -> Iterable[str]:
+        return list(self._seen)  # the baselines are in the shards
 
     async def _window_action(
         self, action: str, label: str, now: float, times: Mapping[str, float]
