@@ -127,8 +127,8 @@ def main(argv=None) -> int:
         f"medians over {runs} runs"
     )
     print(
-        f"  setup: {n_ep} first-scrape (full) parses + {n_ep} fast-path parses + 2 polls: "
-        f"{setup:.1f} s (under tracemalloc)"
+        f"  setup: {2 * n_ep} parses ({sum(p.full_parses for p in parsers)} full: one per body "
+        f"shape, templates are shared) + 2 polls: {setup:.1f} s (under tracemalloc)"
     )
 
     def rows(expos):
