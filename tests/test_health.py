@@ -140,12 +140,20 @@ SCENARIOS: dict[str, Scenario] = {
         pause=0.2,
         thresholds=HealthThresholds(stall_seconds=0.5),
     ),
+    # streak seconds are real seconds between scrapes, milliseconds here: polls decide
     "kv_cache_near_full": Scenario(
-        [{"dp": 2}, {"dp": 1, "load": KV_PRESSURE}], lambda f: None, "server1.0", dt=5.0
+        [{"dp": 2}, {"dp": 1, "load": KV_PRESSURE}],
+        lambda f: None,
+        "server1.0",
+        dt=5.0,
+        thresholds=HealthThresholds(kv_seconds=0.0),
     ),
     # ~60 requests/s on one engine of a dp=2 server: several times what it can serve
     "queue_growing": Scenario(
-        PLAIN, lambda f: f.endpoint("server0").set_arrival_rate(60.0, engine=1), "server0.1"
+        PLAIN,
+        lambda f: f.endpoint("server0").set_arrival_rate(60.0, engine=1),
+        "server0.1",
+        thresholds=HealthThresholds(queue_seconds=0.0),
     ),
     "preemption_burst": Scenario(
         [{"dp": 2}, {"dp": 1, "load": KV_PRESSURE}], lambda f: None, "server1.0", dt=5.0
@@ -260,12 +268,15 @@ async def test_healthy_fleet_reports_nothing(
     fleet: no condition fires, every count key is logged as 0, the terminal says all healthy.
 
     Poll-count thresholds are the defaults. The durations (``stall_seconds``,
-    ``outlier_seconds``) are real seconds between scrapes, which here are milliseconds per
-    simulated 5 s, so they are set to 0: stricter than any default, one bad poll would fire."""
+    ``outlier_seconds``, ``kv_seconds``, ``queue_seconds``) are real seconds between scrapes,
+    which here are milliseconds per simulated 5 s, so they are set to 0: the poll counts alone
+    decide, and for stalls and outliers one bad poll would fire."""
     specs = [{"role": r, "dp": 2} for r in roles]
     run = Run()
     statuses: list[set[str]] = []
-    strict = HealthThresholds(stall_seconds=0.0, outlier_seconds=0.0)
+    strict = HealthThresholds(
+        stall_seconds=0.0, outlier_seconds=0.0, kv_seconds=0.0, queue_seconds=0.0
+    )
     async with polled(specs, seed=seed, load=load, thresholds=strict) as (
         fleet,
         c,
@@ -327,7 +338,8 @@ def _decode_rows(gen: dict[str, float], kv: float = 0.5) -> dict[str, dict[str, 
 
 
 def test_kv_near_full_needs_consecutive_polls() -> None:
-    """A single reading at >= 95 % is routine for a busy engine; two in a row are reported."""
+    """A single reading at >= 95 % is routine for a busy engine; two in a row (5 s apart:
+    the default 10 s) are reported."""
     mon = HealthMonitor()
     roles = dict.fromkeys(("d0", "d1", "d2"), "decode")
     gen = {"d0": 100.0, "d1": 100.0, "d2": 100.0}
@@ -359,3 +371,28 @@ def test_outlier_streak_is_broken_by_a_poll_that_is_not_judged() -> None:
     assert outliers({"d0": 0.0, "d1": 0.5, "d2": 0.5}) == []  # median < 1 tok/s: not judged
     assert outliers(slow) == []  # 1 of 2 again, not 2 of 2
     assert outliers(slow) == ["d0"]
+
+
+def test_streaks_need_their_seconds_too() -> None:
+    """At a fast poll interval, polls in a row are not enough: the streak must also last
+    ``kv_seconds`` / ``queue_seconds`` of real time (the defaults agree with the poll counts
+    at 5 s)."""
+    roles = dict.fromkeys(("d0", "d1", "d2"), "decode")
+    gen = {"d0": 100.0, "d1": 100.0, "d2": 100.0}
+
+    def evaluate(mon: HealthMonitor, kv: float, waiting: float, seconds: float) -> set[str]:
+        result = _Result(_decode_rows(gen, kv))
+        result.stats.seconds[:] = seconds
+        result.stats._rows["d0"]["num_requests_waiting"] = waiting
+        return {e.condition for e in mon.evaluate(result, roles) if e.subject == "d0"}  # type: ignore[arg-type]
+
+    fast = HealthMonitor()  # 1 s polls: 10 and 20 polls needed, not 2 and 4
+    seen = [evaluate(fast, 0.99, 10.0 + i, 1.0) for i in range(25)]
+    kv_first = next(i for i, c in enumerate(seen) if "kv_cache_near_full" in c)
+    queue_first = next(i for i, c in enumerate(seen) if "queue_growing" in c)
+    assert kv_first == 9  # 10 polls, 10 s
+    assert queue_first == 20  # the first poll is the queue's baseline: 20 growths, 20 s
+    default = HealthMonitor()  # 5 s polls: the poll counts decide, as before
+    seen = [evaluate(default, 0.99, 10.0 + i, 5.0) for i in range(6)]
+    assert next(i for i, c in enumerate(seen) if "kv_cache_near_full" in c) == 1
+    assert next(i for i, c in enumerate(seen) if "queue_growing" in c) == 4

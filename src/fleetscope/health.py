@@ -4,10 +4,11 @@ Evaluated on every poll's per-engine metrics, with thresholds you can set. Condi
 
 * ``generation_stalled`` — requests running and no token generated for ``stall_seconds``
   (not prefill engines);
-* ``kv_cache_near_full`` — KV usage at or above ``kv_full`` for ``kv_polls`` polls in a row
-  (one reading at 95-100 % is routine for a busy engine: vLLM packs the cache, then preempts);
-* ``queue_growing`` — the waiting queue grew for ``queue_polls`` polls in a row and exceeds
-  the running batch;
+* ``kv_cache_near_full`` — KV usage at or above ``kv_full`` for ``kv_polls`` polls and
+  ``kv_seconds`` in a row (one reading at 95-100 % is routine for a busy engine: vLLM packs the
+  cache, then preempts);
+* ``queue_growing`` — the waiting queue grew for ``queue_polls`` polls and ``queue_seconds`` in
+  a row and exceeds the running batch;
 * ``preemption_burst`` — at least ``preemption_burst`` preemptions in one poll;
 * ``engine_outlier`` — generation rate below ``outlier_fraction`` of its role's median in
   every poll for ``outlier_seconds`` in a row (needs >= 3 engines in the role with requests; an
@@ -40,12 +41,15 @@ CONDITIONS: tuple[str, ...] = (
 @dataclass(frozen=True, slots=True)
 class HealthThresholds:
     kv_full: float = 0.95
+    # Streaks need both a number of polls in a row and real seconds between scrapes, so a fast
+    # poll interval does not turn a transient (a long prefill, a cold first request, a burst of
+    # submissions, a CPU hiccup) into an alert; the defaults agree at the default 5 s interval.
     kv_polls: int = 2
+    kv_seconds: float = 10.0
     queue_polls: int = 4
+    queue_seconds: float = 20.0
     preemption_burst: float = 10.0
     outlier_fraction: float = 0.25
-    # Durations are real seconds between scrapes, not poll counts, so a fast poll interval does
-    # not turn a transient (a long prefill, a cold first request, a CPU hiccup) into an alert.
     outlier_seconds: float = 30.0  # below the fraction for this long, every poll in a row
     outlier_min_median: float = 1.0  # tokens/s: below this the role is simply idle
     stall_seconds: float = 30.0  # no token for this long while requests run (a 100k-token
@@ -63,10 +67,11 @@ class HealthEvent:
 @dataclass
 class HealthMonitor:
     thresholds: HealthThresholds = field(default_factory=HealthThresholds)
-    _queue: dict[str, tuple[float, int]] = field(default_factory=dict)  # last waiting, streak
+    # last waiting, polls and seconds it grew in a row
+    _queue: dict[str, tuple[float, int, float]] = field(default_factory=dict)
     _outlier: dict[str, float] = field(default_factory=dict)  # seconds below, in a row
     _stall: dict[str, float] = field(default_factory=dict)  # seconds without a token
-    _kv: dict[str, int] = field(default_factory=dict)  # polls in a row at or above kv_full
+    _kv: dict[str, tuple[int, float]] = field(default_factory=dict)  # polls, s at/above kv_full
 
     def evaluate(self, result: PollResult, roles: Mapping[str, str | None]) -> list[HealthEvent]:
         t = self.thresholds
@@ -108,29 +113,31 @@ class HealthMonitor:
                 self._stall.pop(eid, None)
             kv = m.get("kv_cache_usage_perc")
             if kv is not None:
-                full = self._kv.get(eid, 0) + 1 if kv >= t.kv_full else 0
-                self._kv[eid] = full
-                if full >= t.kv_polls:
+                polls, secs = self._kv.get(eid, (0, 0.0))
+                polls, secs = (polls + 1, secs + interval) if kv >= t.kv_full else (0, 0.0)
+                self._kv[eid] = (polls, secs)
+                if polls >= t.kv_polls and secs >= t.kv_seconds:
                     events.append(
                         HealthEvent(
                             "kv_cache_near_full",
                             eid,
                             kv,
-                            f"{eid}: KV cache {kv:.0%} full ({full} polls in a row)",
+                            f"{eid}: KV cache {kv:.0%} full ({polls} polls, {secs:.0f} s in a row)",
                         )
                     )
             waiting = m.get("num_requests_waiting")
             if waiting is not None:
-                last, streak = self._queue.get(eid, (math.inf, 0))
-                streak = streak + 1 if waiting > last else 0
-                self._queue[eid] = (waiting, streak)
-                if streak >= t.queue_polls and waiting > (running or 0):
+                last, streak, secs = self._queue.get(eid, (math.inf, 0, 0.0))
+                streak, secs = (streak + 1, secs + interval) if waiting > last else (0, 0.0)
+                self._queue[eid] = (waiting, streak, secs)
+                if streak >= t.queue_polls and secs >= t.queue_seconds and waiting > (running or 0):
                     events.append(
                         HealthEvent(
                             "queue_growing",
                             eid,
                             waiting,
-                            f"{eid}: waiting queue grew {streak} polls in a row to {waiting:.0f}",
+                            f"{eid}: waiting queue grew {streak} polls ({secs:.0f} s) in a row "
+                            f"to {waiting:.0f}",
                         )
                     )
             pre = m.get("num_preemptions_total:rate")
