@@ -441,6 +441,13 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
             skip = interval_clock_dependent(window["one"])
             n = _compare(window[name], window["one"], f"window {name}", skip)
             assert n > 500, n
+        # the run summary mid-run: the shards are asked for their sums (async and sync)
+        mid = {name: await c.asummary() for name, c in collectors.items()}
+        assert mid["one"]["inference_summary/train/agg/generation_tokens_total/delta"] == in_window
+        skip = interval_clock_dependent(mid["one"])
+        for name in ("shards2", "shards4"):
+            assert _compare(mid[name], mid["one"], f"mid-run summary {name}", skip) > 1000
+            assert collectors[name].summary() == mid[name]  # nothing polled in between
     finally:
         for c in collectors.values():
             await c.stop()

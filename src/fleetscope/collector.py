@@ -397,8 +397,16 @@ class Collector:
     def summary(self) -> dict[str, float | str]:
         """The run summary: per run label (each window label, ``idle`` between windows, and
         ``combined`` = the whole run), exact totals, rates, pooled means and quantiles."""
+        return self._summary_of(self.windows.run)
+
+    async def asummary(self) -> dict[str, float | str]:
+        """:meth:`summary` for async code (a sharded collector asks its shards without
+        blocking the event loop)."""
+        return self.summary()
+
+    def _summary_of(self, run: Mapping[str, Accumulator]) -> dict[str, float | str]:
         out: dict[str, float | str] = {}
-        for label, acc in self.windows.run.items():
+        for label, acc in run.items():
             if label == COMBINED or acc.polls:
                 out.update(self._interval_keys(acc, label, summary=True))
         out["run_status"] = self.run_status

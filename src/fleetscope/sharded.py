@@ -77,6 +77,10 @@ class ShardWorker:
         w = getattr(self.windows, action)(label, self._now, self._times)
         return w.acc.state_dict() if action == "stop" else None
 
+    def run_state(self) -> dict[str, dict]:
+        """Every run label's per-engine sums so far (stopped windows, ``idle``, ``combined``)."""
+        return {label: acc.state_dict() for label, acc in self.windows.run.items()}
+
     def finish(self) -> dict[str, dict]:
         """The end of the run: stop open windows; every run label's per-engine sums."""
         for label in list(self.windows.active) + list(self.windows.paused):
@@ -105,9 +109,9 @@ class ShardedCollector(Collector):
     Needs ``ray`` (``pip install "fleetscope[ray]"``) and an initialised Ray (``ray.init``).
     ``actor_options`` go to ``.options()`` of each shard actor (``num_cpus``, scheduling...).
 
-    Windows log the same keys as one collector's. The run summary's per-engine sums are
-    gathered from the shards when the collector stops (``summary()`` before that has only the
-    driver's counts); ``state_dict`` is not supported. Roles are not discovered: give them.
+    Windows and the run summary give the same keys as one collector's (the shards' per-engine
+    sums are gathered at each window's stop, at ``summary()`` and at the end of the run);
+    ``state_dict`` is not supported. Roles are not discovered: give them.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class ShardedCollector(Collector):
         import ray
 
         self._seen: dict[str, None] = {}  # engine ids reported so far, in order
+        self._gathered = False  # the run's end merged the shards' sums into ours
         remote_cls = ray.remote(ShardWorker)
         opts = {"num_cpus": 0, **(actor_options or {})}
         self.shards = [
@@ -173,6 +178,7 @@ class ShardedCollector(Collector):
             return_exceptions=True,
         )
         await super()._close_windows()
+        self._gathered = True
         # the run labels' per-engine sums live in the shards; polls and seconds are ours
         for i, run in enumerate(runs):
             if isinstance(run, BaseException):  # the summary goes out without that shard
@@ -182,6 +188,34 @@ class ShardedCollector(Collector):
                 acc = self.windows.run.get(label)
                 if acc is not None:
                     acc.merge_engines(Accumulator.from_state_dict(state))
+
+    def summary(self) -> dict[str, float | str]:
+        """The run summary. Before the collector stops, the shards are asked for their
+        per-engine sums (a blocking Ray call: in async code use :meth:`asummary`)."""
+        if self._gathered or not self.shards:
+            return super().summary()  # the shards' sums were gathered at the end of the run
+        import ray
+
+        runs = ray.get([s.run_state.remote() for s in self.shards], timeout=self.timeout * 4)
+        return self._summary_of(self._run_with(runs))
+
+    async def asummary(self) -> dict[str, float | str]:
+        if self._gathered or not self.shards:
+            return super().summary()
+        runs = await asyncio.gather(*(s.run_state.remote() for s in self.shards))
+        return self._summary_of(self._run_with(runs))
+
+    def _run_with(self, runs: list[dict[str, dict]]) -> dict[str, Accumulator]:
+        """Copies of the driver's run labels (polls, seconds) with the shards' engines."""
+        out = {}
+        for label, acc in self.windows.run.items():
+            merged = Accumulator(label)
+            merged.merge(acc)
+            for run in runs:
+                if label in run:
+                    merged.merge_engines(Accumulator.from_state_dict(run[label]))
+            out[label] = merged
+        return out
 
     def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
         raise NotImplementedError("a ShardedCollector's shards own fixed slices of the fleet")
