@@ -353,10 +353,9 @@ def test_sharded_collector_matches_one_collector(ray_cluster):
     fleet = _served_fleet()
     fleet.step(1.0)
     with FleetServer(fleet) as server:
-        eps = [
-            Endpoint(url, role=ep.role)
-            for url, ep in zip(server.urls, fleet.endpoints, strict=True)
-        ]
+        # named, but no roles: every collector (each shard, for the sharded ones) discovers
+        # them from /get_metrics_worker_info, and the role scopes must still agree
+        eps = [Endpoint(url, ep.name) for url, ep in zip(server.urls, fleet.endpoints, strict=True)]
         shards_of = {2: shard_endpoints(eps, 2), 4: shard_endpoints(eps, 4)}
         for parts in shards_of.values():  # the failing endpoint is not in the first shard
             assert FAILING not in {e.name for e in parts[0]}
@@ -370,6 +369,7 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
         "shards4": ShardedCollector(eps, shards=4, interval=5.0),
     }
     assert [e.name for e in collectors["one"].endpoints][-2:] == ["server0", FAILING]
+    assert all(e.role is None for e in eps)
     gen = "inference/agg/generation_tokens_total/delta"
     truth0 = fleet.truth_total("vllm:generation_tokens_total")
     totals = dict.fromkeys(collectors, 0.0)

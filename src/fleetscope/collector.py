@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -91,6 +92,38 @@ def _kv_consumer(expo) -> bool:
     return KV_CONSUMER_FAMILY in expo.types or any(
         g.name == KV_CONSUMER_FAMILY for s in expo.values() for g in s.layout.gauges
     )
+
+
+async def discover_roles(
+    source: HttpSource,
+    endpoints: list[Endpoint],
+    scrapes: list[ScrapeResult],
+    checked: set[str],
+) -> list[ScrapeResult]:
+    """Roles of endpoints given without one: ``GET /get_metrics_worker_info`` (SkyRL's
+    protocol), else a KV-consumer gauge marks a decode server. Asked once per endpoint (names
+    in ``checked``); a discovered role replaces the endpoint in ``endpoints`` and is set on
+    its scrape."""
+    todo = [
+        (i, e)
+        for i, (e, sc) in enumerate(zip(endpoints, scrapes, strict=True))
+        if sc.ok and e.name not in checked
+    ]
+    if not todo:
+        return scrapes
+    infos = await asyncio.gather(*(source.fetch_worker_info(e) for _, e in todo))
+    out = list(scrapes)
+    for (i, ep), info in zip(todo, infos, strict=True):
+        checked.add(ep.name)
+        role = info.get("role") if info else None
+        expo = scrapes[i].exposition
+        if role not in ("prefill", "decode") and expo is not None and _kv_consumer(expo):
+            role = "decode"
+        if role in ("prefill", "decode"):
+            endpoints[i] = Endpoint(ep.url, ep.name, role, ep.headers, ep.groups)
+            out[i] = dataclasses.replace(scrapes[i], role=role)
+            log.info("fleetscope: %s discovered as a %s server", ep.name, role)
+    return out
 
 
 def _get(metrics: Mapping[str, float], name: str) -> float | None:
@@ -567,39 +600,7 @@ class Collector:
         return self._view(result)
 
     async def _discover_roles(self, scrapes: list[ScrapeResult]) -> list[ScrapeResult]:
-        """Roles of endpoints given without one: ``GET /get_metrics_worker_info`` (SkyRL's
-        protocol), else a KV-consumer gauge marks a decode server. Asked once per endpoint."""
-        todo = [
-            (i, e)
-            for i, (e, sc) in enumerate(zip(self.endpoints, scrapes, strict=True))
-            if sc.ok and e.name not in self._role_checked
-        ]
-        if not todo:
-            return scrapes
-        infos = await asyncio.gather(*(self.source.fetch_worker_info(e) for _, e in todo))
-        out = list(scrapes)
-        for (i, ep), info in zip(todo, infos, strict=True):
-            self._role_checked.add(ep.name)
-            role = info.get("role") if info else None
-            expo = scrapes[i].exposition
-            if role not in ("prefill", "decode") and expo is not None and _kv_consumer(expo):
-                role = "decode"
-            if role in ("prefill", "decode"):
-                self.endpoints[i] = Endpoint(ep.url, ep.name, role, ep.headers, ep.groups)
-                sc = scrapes[i]
-                out[i] = ScrapeResult(
-                    sc.endpoint,
-                    sc.exposition,
-                    sc.time,
-                    sc.wall_time,
-                    sc.latency,
-                    sc.error,
-                    role,
-                    sc.groups,
-                    sc.engine_roles,
-                )
-                log.info("fleetscope: %s discovered as a %s server", ep.name, role)
-        return out
+        return await discover_roles(self.source, self.endpoints, scrapes, self._role_checked)
 
     def _known_engines(self) -> Iterable[str]:
         """Every engine id with a baseline (seen before, and not forgotten)."""

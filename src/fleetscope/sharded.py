@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from fleetscope.collector import PREEMPTIONS, Collector, counter_increase
+from fleetscope.collector import PREEMPTIONS, Collector, counter_increase, discover_roles
 from fleetscope.exposition import Exposition
 from fleetscope.fleet import FleetState, PollResult, ScrapeResult
 from fleetscope.sources.http import Endpoint, HttpSource
@@ -35,9 +35,17 @@ _EMPTY = Exposition({}, None, {})
 class ShardWorker:
     """The body of one shard actor (plain class; wrapped with ``ray.remote`` on demand)."""
 
-    def __init__(self, endpoints: list[dict[str, Any]], timeout: float, max_concurrency: int):
+    def __init__(
+        self,
+        endpoints: list[dict[str, Any]],
+        timeout: float,
+        max_concurrency: int,
+        discover: bool = True,
+    ):
         self.endpoints = [Endpoint(**e) for e in endpoints]
         self.source = HttpSource(timeout=timeout, max_concurrency=max_concurrency)
+        self.discover = discover
+        self._role_checked = {e.name for e in self.endpoints if e.role}
         self.state = FleetState()
         # this shard's engines in every window; polls and seconds are the driver's to count
         self.windows = WindowSet()
@@ -48,6 +56,8 @@ class ShardWorker:
         self,
     ) -> tuple[Partial, list[ScrapeResult], list[str], dict[str, float | None]]:
         scrapes = await self.source.scrape_all(self.endpoints)
+        if self.discover:  # roles travel to the driver on the scrapes and the reduced rows
+            scrapes = await discover_roles(self.source, self.endpoints, scrapes, self._role_checked)
         inputs, deltas, restarts = await asyncio.to_thread(self.state.fold, scrapes)
         # what the driver's FleetView needs per engine and cannot compute without deltas
         preemptions = {e: counter_increase(d, PREEMPTIONS) for e, d in deltas.items()}
@@ -111,7 +121,7 @@ class ShardedCollector(Collector):
 
     Windows and the run summary give the same keys as one collector's (the shards' per-engine
     sums are gathered at each window's stop, at ``summary()`` and at the end of the run);
-    ``state_dict`` is not supported. Roles are not discovered: give them.
+    ``state_dict`` is not supported. Roles are discovered by the shards, as one collector does.
     """
 
     def __init__(
@@ -124,7 +134,6 @@ class ShardedCollector(Collector):
         **kwargs: Any,
     ):
         kwargs.setdefault("fetch_model_info", False)
-        kwargs.setdefault("discover_roles", False)
         super().__init__(endpoints, max_concurrency=max_concurrency, **kwargs)
         import ray
 
@@ -134,7 +143,10 @@ class ShardedCollector(Collector):
         opts = {"num_cpus": 0, **(actor_options or {})}
         self.shards = [
             remote_cls.options(**opts).remote(
-                [_endpoint_dict(e) for e in part], self.timeout, max_concurrency
+                [_endpoint_dict(e) for e in part],
+                self.timeout,
+                max_concurrency,
+                self.discover_roles,
             )
             for part in shard_endpoints(self.endpoints, shards)
         ]
