@@ -448,6 +448,12 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
         for name in ("shards2", "shards4"):
             assert _compare(mid[name], mid["one"], f"mid-run summary {name}", skip) > 1000
             assert collectors[name].summary() == mid[name]  # nothing polled in between
+        # checkpoints: a sharded collector's state (shards' sums merged in) resumes anywhere
+        for name, c in collectors.items():
+            resumed = Collector([], interval=5.0)
+            resumed.load_state_dict(c.state_dict())
+            assert resumed.summary() == mid[name], name
+            await resumed.stop()
     finally:
         for c in collectors.values():
             await c.stop()

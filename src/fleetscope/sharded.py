@@ -120,8 +120,8 @@ class ShardedCollector(Collector):
     ``actor_options`` go to ``.options()`` of each shard actor (``num_cpus``, scheduling...).
 
     Windows and the run summary give the same keys as one collector's (the shards' per-engine
-    sums are gathered at each window's stop, at ``summary()`` and at the end of the run);
-    ``state_dict`` is not supported. Roles are discovered by the shards, as one collector does.
+    sums are gathered at each window's stop, at ``summary()``, ``state_dict()`` and at the end
+    of the run). Roles are discovered by the shards, as one collector does.
     """
 
     def __init__(
@@ -239,10 +239,22 @@ class ShardedCollector(Collector):
         raise NotImplementedError("a ShardedCollector's shards own fixed slices of the fleet")
 
     def state_dict(self) -> dict:
-        raise NotImplementedError("a ShardedCollector cannot be checkpointed yet")
+        """As :meth:`Collector.state_dict`, with the shards' per-engine sums merged in (a
+        blocking Ray call). Loads into a sharded or a plain collector alike."""
+        state = super().state_dict()
+        if self.shards and not self._gathered:
+            import ray
 
-    def load_state_dict(self, state: Mapping) -> None:
-        raise NotImplementedError("a ShardedCollector cannot be checkpointed yet")
+            runs = ray.get([s.run_state.remote() for s in self.shards], timeout=self.timeout * 4)
+            merged = self._run_with(runs)
+            state["windows"] = {
+                **state["windows"],
+                "run": {label: acc.state_dict() for label, acc in merged.items()},
+            }
+        return state
+
+    # load_state_dict is Collector's: the saved sums go to the driver's run labels, and the
+    # shards' new sums are added to them (at summary() and at the end of the run)
 
     async def stop(self, status: str | None = None, *, timeout: float = 30.0) -> None:
         await super().stop(status, timeout=timeout)
