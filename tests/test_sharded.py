@@ -466,3 +466,68 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
         skip = interval_clock_dependent(summary["one"])
         n = _compare(summary[name], summary["one"], f"summary {name}", skip)
         assert n > 1000, n
+
+
+def test_sharded_collector_follows_fleet_changes(ray_cluster):
+    """add_endpoints / remove_endpoints on a sharded collector: an added endpoint goes to the
+    emptiest shard (empty shards included), a removed one is dropped by its shard; a window
+    across both changes has one collector's keys, the fleet's true total and coverage 1."""
+    fleet = SimFleet(seed=5)
+    for _ in range(3):
+        fleet.add_endpoint(dp=2)
+    fleet.step(3.0)
+    with FleetServer(fleet) as server:
+        urls = {ep.name: server.url(ep.name) for ep in fleet.endpoints}
+        asyncio.run(_follow_changes(fleet, urls))
+
+
+async def _follow_changes(fleet: SimFleet, urls: dict[str, str]) -> None:
+    start = [Endpoint(urls["server0"], "server0"), Endpoint(urls["server1"], "server1")]
+    collectors: dict[str, Collector] = {
+        "one": Collector(start, interval=5.0, fetch_model_info=False),
+        "shards4": ShardedCollector(start, shards=4, interval=5.0),  # two start empty
+    }
+
+    def gen(name: str) -> float:
+        return fleet.endpoint(name).truth_total("vllm:generation_tokens_total")
+
+    try:
+        await _poll_all(collectors)
+        for c in collectors.values():
+            await c.window("train").astart()
+        start_truth = {n: gen(n) for n in ("server0", "server1")}
+        fleet.step(2.0)
+        await _poll_all(collectors)
+        for c in collectors.values():
+            assert [e.name for e in c.add_endpoints(Endpoint(urls["server2"], "server2"))] == [
+                "server2"
+            ]
+        fleet.step(2.0)
+        views, _, _ = await _poll_all(collectors)  # server2's baseline
+        first2 = gen("server2")
+        for v in views.values():
+            assert {e.endpoint for e in v.engines.values()} == {"server0", "server1", "server2"}
+        fleet.step(2.0)
+        await _poll_all(collectors)
+        for c in collectors.values():
+            assert c.remove_endpoints("server0") == ["server0"]
+        last0 = gen("server0")
+        fleet.step(2.0)
+        views, _, _ = await _poll_all(collectors)
+        for name, v in views.items():
+            assert {e.endpoint for e in v.engines.values()} == {"server1", "server2"}, name
+            assert v.endpoints_expected == 2
+        window = {name: await c.window("train").astop() for name, c in collectors.items()}
+    finally:
+        for c in collectors.values():
+            await c.stop()
+    want = (
+        (last0 - start_truth["server0"])
+        + (gen("server1") - start_truth["server1"])
+        + (gen("server2") - first2)
+    )
+    skip = interval_clock_dependent(window["one"])
+    assert _compare(window["shards4"], window["one"], "fleet changes", skip) > 200
+    for name, k in window.items():
+        assert k["inference/train/agg/generation_tokens_total/delta"] == want, name
+        assert k["inference/train/coverage"] == pytest.approx(1.0, abs=1e-12), name

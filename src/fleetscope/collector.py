@@ -94,6 +94,38 @@ def _kv_consumer(expo) -> bool:
     )
 
 
+def endpoint_left(
+    name: str,
+    state: FleetState,
+    source: HttpSource,
+    windows: WindowSet,
+    scrape_times: dict[str, float],
+    role_checked: set[str],
+) -> None:
+    """An endpoint left the fleet: open windows expect it up to its last scrape; its
+    baselines, parser and cached facts are dropped."""
+    last = scrape_times.pop(name, None)
+    if last is not None:
+        windows.endpoint_leaves(name, last)
+    state.forget_endpoint(name)
+    source.forget(name)
+    role_checked.discard(name)
+
+
+def note_scrapes(
+    scrapes: Sequence[ScrapeResult],
+    scrape_times: dict[str, float],
+    joined: set[str],
+    windows: WindowSet,
+) -> None:
+    """Each endpoint's latest scrape time; open windows expect a just-added endpoint from its
+    first scrape."""
+    for sc in scrapes:
+        scrape_times[sc.endpoint] = sc.time
+        if sc.endpoint in joined:
+            windows.endpoint_joins(sc.endpoint, sc.time)
+
+
 async def discover_roles(
     source: HttpSource,
     endpoints: list[Endpoint],
@@ -347,25 +379,28 @@ class Collector:
             added = self.add_endpoints(*new) if new else []
         return added, removed
 
-    def _apply_fleet_changes(self) -> list[Endpoint]:
-        """At the start of a poll: take pending removals and additions; returns the added."""
+    def _take_fleet_changes(self) -> tuple[list[Endpoint], list[str]]:
+        """At the start of a poll: the pending additions and removals, applied to
+        ``self.endpoints``; returns ``(added, removed names)``."""
         with self._pending_lock:
             added, self._pending_add = self._pending_add, []
             removed, self._pending_remove = self._pending_remove, []
         for name in removed:
             self.endpoints = [e for e in self.endpoints if e.name != name]
-            last = self._scrape_times.pop(name, None)
-            if last is not None:
-                self.windows.endpoint_leaves(name, last)
-            self.state.forget_endpoint(name)
-            self.source.forget(name)
-            self._role_checked.discard(name)
             log.info("fleetscope: %s removed from the fleet", name)
         for ep in added:
             self.endpoints.append(ep)
-            if ep.role:
-                self._role_checked.add(ep.name)
             log.info("fleetscope: %s (%s) added to the fleet", ep.name, ep.url)
+        return added, removed
+
+    def _apply_fleet_changes(self) -> list[Endpoint]:
+        """Take the pending changes and forget what removed endpoints leave behind."""
+        added, removed = self._take_fleet_changes()
+        for name in removed:
+            endpoint_left(
+                name, self.state, self.source, self.windows, self._scrape_times, self._role_checked
+            )
+        self._role_checked.update(ep.name for ep in added if ep.role)
         return added
 
     # ------------------------------------------------------------------ windows
@@ -530,10 +565,7 @@ class Collector:
         """Scrape every endpoint once and reduce (the part a sharded collector replaces)."""
         added = {e.name for e in self._apply_fleet_changes()}
         scrapes = await self.source.scrape_all(self.endpoints) if self.endpoints else []
-        for sc in scrapes:
-            self._scrape_times[sc.endpoint] = sc.time
-            if sc.endpoint in added:
-                self.windows.endpoint_joins(sc.endpoint, sc.time)
+        note_scrapes(scrapes, self._scrape_times, added, self.windows)
         if self.discover_roles:
             scrapes = await self._discover_roles(scrapes)
         if self.extra_source is not None:

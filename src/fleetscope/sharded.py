@@ -22,7 +22,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from fleetscope.collector import PREEMPTIONS, Collector, counter_increase, discover_roles
+from fleetscope.collector import (
+    PREEMPTIONS,
+    Collector,
+    counter_increase,
+    discover_roles,
+    endpoint_left,
+    note_scrapes,
+)
 from fleetscope.exposition import Exposition
 from fleetscope.fleet import FleetState, PollResult, ScrapeResult
 from fleetscope.sources.http import Endpoint, HttpSource
@@ -51,11 +58,30 @@ class ShardWorker:
         self.windows = WindowSet()
         self._now = time.monotonic()
         self._times: dict[str, float] = {}  # engine -> its scrape time in the last poll
+        self._scrape_times: dict[str, float] = {}  # endpoint -> its last scrape time
+        self._joined: set[str] = set()  # added, not scraped yet
+
+    def change(self, add: list[dict[str, Any]], remove: list[str]) -> None:
+        """The driver's fleet changes for this shard, before its next poll."""
+        for name in remove:
+            self.endpoints = [e for e in self.endpoints if e.name != name]
+            endpoint_left(
+                name, self.state, self.source, self.windows, self._scrape_times, self._role_checked
+            )
+            self._joined.discard(name)
+        for d in add:
+            ep = Endpoint(**d)
+            self.endpoints.append(ep)
+            self._joined.add(ep.name)
+            if ep.role:
+                self._role_checked.add(ep.name)
 
     async def poll(
         self,
     ) -> tuple[Partial, list[ScrapeResult], list[str], dict[str, float | None]]:
         scrapes = await self.source.scrape_all(self.endpoints)
+        note_scrapes(scrapes, self._scrape_times, self._joined, self.windows)
+        self._joined.clear()
         if self.discover:  # roles travel to the driver on the scrapes and the reduced rows
             scrapes = await discover_roles(self.source, self.endpoints, scrapes, self._role_checked)
         inputs, deltas, restarts = await asyncio.to_thread(self.state.fold, scrapes)
@@ -140,6 +166,9 @@ class ShardedCollector(Collector):
         self._seen: dict[str, None] = {}  # engine ids reported so far, in order
         self._gathered = False  # the run's end merged the shards' sums into ours
         remote_cls = ray.remote(ShardWorker)
+        parts = shard_endpoints(self.endpoints, shards)
+        parts += [[] for _ in range(max(1, shards) - len(parts))]  # room for endpoints added later
+        self._owner = {e.name: i for i, part in enumerate(parts) for e in part}
         opts = {"num_cpus": 0, **(actor_options or {})}
         self.shards = [
             remote_cls.options(**opts).remote(
@@ -148,10 +177,11 @@ class ShardedCollector(Collector):
                 max_concurrency,
                 self.discover_roles,
             )
-            for part in shard_endpoints(self.endpoints, shards)
+            for part in parts
         ]
 
     async def _collect(self) -> PollResult:
+        await self._send_fleet_changes()
         replies = await asyncio.gather(*(s.poll.remote() for s in self.shards))
         partials = [p for p, _, _, _ in replies]
         scrapes = [sc for _, meta, _, _ in replies for sc in meta]
@@ -170,6 +200,30 @@ class ShardedCollector(Collector):
             (e, None) for e, is_eng in zip(stats.engine_ids, stats.is_engine, strict=True) if is_eng
         )
         return result
+
+    async def _send_fleet_changes(self) -> None:
+        """Pending additions go to the shard with the fewest endpoints, removals to the shard
+        that owns them; each shard applies them before this poll's scrape."""
+        added, removed = self._take_fleet_changes()
+        if not (added or removed):
+            return
+        changes: dict[int, tuple[list[dict[str, Any]], list[str]]] = {}
+        for name in removed:
+            i = self._owner.pop(name)
+            changes.setdefault(i, ([], []))[1].append(name)
+            self._seen = {e: None for e in self._seen if e.rsplit(".", 1)[0] != name}
+            self.state.roles.pop(name, None)
+        load = [0] * len(self.shards)
+        for i in self._owner.values():
+            load[i] += 1
+        for ep in added:
+            i = min(range(len(self.shards)), key=load.__getitem__)
+            load[i] += 1
+            self._owner[ep.name] = i
+            changes.setdefault(i, ([], []))[0].append(_endpoint_dict(ep))
+        await asyncio.gather(
+            *(self.shards[i].change.remote(add, rm) for i, (add, rm) in changes.items())
+        )
 
     def _known_engines(self) -> Iterable[str]:
         return list(self._seen)  # the baselines are in the shards
@@ -228,15 +282,6 @@ class ShardedCollector(Collector):
                     merged.merge_engines(Accumulator.from_state_dict(run[label]))
             out[label] = merged
         return out
-
-    def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
-        raise NotImplementedError("a ShardedCollector's shards own fixed slices of the fleet")
-
-    def remove_endpoints(self, *endpoints: str | Endpoint) -> list[str]:
-        raise NotImplementedError("a ShardedCollector's shards own fixed slices of the fleet")
-
-    def set_endpoints(self, endpoints: Sequence[str | Endpoint]):
-        raise NotImplementedError("a ShardedCollector's shards own fixed slices of the fleet")
 
     def state_dict(self) -> dict:
         """As :meth:`Collector.state_dict`, with the shards' per-engine sums merged in (a
