@@ -394,6 +394,9 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
                 }
                 got_pre = {e: x.preemptions_since_last_poll for e, x in views[name].engines.items()}
                 assert got_pre == want_pre, (step, name)
+                lens = {e: x.max_model_len for e, x in views[name].engines.items()}
+                assert lens == {e: x.max_model_len for e, x in views["one"].engines.items()}
+                assert views[name].engines["prefill0.0"].max_model_len == 512  # /v1/models
                 if step:
                     assert sum(v is not None for v in want_pre.values()) >= 8
             for name, v in views.items():

@@ -126,6 +126,20 @@ def note_scrapes(
             windows.endpoint_joins(sc.endpoint, sc.time)
 
 
+async def fetch_model_info(
+    source: HttpSource, endpoints: Sequence[Endpoint], scrapes: Sequence[ScrapeResult]
+) -> None:
+    """``max_model_len`` of endpoints that answered and are not known yet (``/v1/models``),
+    into ``source.max_model_len``."""
+    need = [
+        e
+        for e, s in zip(endpoints, scrapes, strict=True)
+        if s.ok and source.max_model_len.get(e.name) is None
+    ]
+    if need:
+        await asyncio.gather(*(source.fetch_max_model_len(e) for e in need))
+
+
 async def discover_roles(
     source: HttpSource,
     endpoints: list[Endpoint],
@@ -580,14 +594,7 @@ class Collector:
             scrapes += await self.extra_source.scrape_all()
         if self.fetch_model_info:
             # direct endpoints only: a source's scrapes (Ray agents) come after them
-            direct = scrapes[: len(self.endpoints)]
-            need = [
-                e
-                for e, s in zip(self.endpoints, direct, strict=True)
-                if s.ok and self.source.max_model_len.get(e.name) is None
-            ]
-            if need:
-                await asyncio.gather(*(self.source.fetch_max_model_len(e) for e in need))
+            await fetch_model_info(self.source, self.endpoints, scrapes[: len(self.endpoints)])
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.source._pool, self.state.observe, scrapes)
 

@@ -28,6 +28,7 @@ from fleetscope.collector import (
     counter_increase,
     discover_roles,
     endpoint_left,
+    fetch_model_info,
     note_scrapes,
 )
 from fleetscope.exposition import Exposition
@@ -48,10 +49,12 @@ class ShardWorker:
         timeout: float,
         max_concurrency: int,
         discover: bool = True,
+        model_info: bool = True,
     ):
         self.endpoints = [Endpoint(**e) for e in endpoints]
         self.source = HttpSource(timeout=timeout, max_concurrency=max_concurrency)
         self.discover = discover
+        self.model_info = model_info
         self._role_checked = {e.name for e in self.endpoints if e.role}
         self.state = FleetState()
         # this shard's engines in every window; polls and seconds are the driver's to count
@@ -78,12 +81,16 @@ class ShardWorker:
 
     async def poll(
         self,
-    ) -> tuple[Partial, list[ScrapeResult], list[str], dict[str, float | None]]:
+    ) -> tuple[
+        Partial, list[ScrapeResult], list[str], dict[str, float | None], dict[str, int | None]
+    ]:
         scrapes = await self.source.scrape_all(self.endpoints)
         note_scrapes(scrapes, self._scrape_times, self._joined, self.windows)
         self._joined.clear()
         if self.discover:  # roles travel to the driver on the scrapes and the reduced rows
             scrapes = await discover_roles(self.source, self.endpoints, scrapes, self._role_checked)
+        if self.model_info:
+            await fetch_model_info(self.source, self.endpoints, scrapes)
         inputs, deltas, restarts = await asyncio.to_thread(self.state.fold, scrapes)
         # what the driver's FleetView needs per engine and cannot compute without deltas
         preemptions = {e: counter_increase(d, PREEMPTIONS) for e, d in deltas.items()}
@@ -105,7 +112,7 @@ class ShardWorker:
             )
             for sc in scrapes
         ]
-        return part, meta, restarts, preemptions
+        return part, meta, restarts, preemptions, dict(self.source.max_model_len)
 
     def window(self, action: str, label: str) -> dict | None:
         """The driver's window boundary, at this shard's last poll (the boundary poll);
@@ -159,7 +166,6 @@ class ShardedCollector(Collector):
         max_concurrency: int = 64,
         **kwargs: Any,
     ):
-        kwargs.setdefault("fetch_model_info", False)
         super().__init__(endpoints, max_concurrency=max_concurrency, **kwargs)
         import ray
 
@@ -176,6 +182,7 @@ class ShardedCollector(Collector):
                 self.timeout,
                 max_concurrency,
                 self.discover_roles,
+                self.fetch_model_info,
             )
             for part in parts
         ]
@@ -183,9 +190,9 @@ class ShardedCollector(Collector):
     async def _collect(self) -> PollResult:
         await self._send_fleet_changes()
         replies = await asyncio.gather(*(s.poll.remote() for s in self.shards))
-        partials = [p for p, _, _, _ in replies]
-        scrapes = [sc for _, meta, _, _ in replies for sc in meta]
-        restarts = [r for _, _, rs, _ in replies for r in rs]
+        partials = [r[0] for r in replies]
+        scrapes = [sc for r in replies for sc in r[1]]
+        restarts = [x for r in replies for x in r[2]]
         for r in restarts:
             self.state.restarts[r] = self.state.restarts.get(r, 0) + 1
         loop = asyncio.get_running_loop()
@@ -193,8 +200,9 @@ class ShardedCollector(Collector):
             self.source._pool,
             lambda: self.state.finish(partials, scrapes, restarts=restarts),
         )
-        for _, _, _, preemptions in replies:
+        for _, _, _, preemptions, model_lens in replies:
             result.preemptions.update(preemptions)
+            self.source.max_model_len.update(model_lens)  # the FleetView reads it there
         stats = result.stats
         self._seen.update(
             (e, None) for e, is_eng in zip(stats.engine_ids, stats.is_engine, strict=True) if is_eng
