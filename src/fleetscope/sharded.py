@@ -114,21 +114,24 @@ class ShardWorker:
         ]
         return part, meta, restarts, preemptions, dict(self.source.max_model_len)
 
-    def window(self, action: str, label: str) -> dict | None:
+    # Accumulators travel as pickles (numpy arrays; a layout shared by many engines once):
+    # ~40x cheaper than their JSON-able state_dict (measured at 100 engines: 7.5 vs 290 ms).
+
+    def window(self, action: str, label: str) -> Accumulator | None:
         """The driver's window boundary, at this shard's last poll (the boundary poll);
         returns the window's sums at ``stop``."""
         w = getattr(self.windows, action)(label, self._now, self._times)
-        return w.acc.state_dict() if action == "stop" else None
+        return w.acc if action == "stop" else None
 
-    def run_state(self) -> dict[str, dict]:
+    def run_state(self) -> dict[str, Accumulator]:
         """Every run label's per-engine sums so far (stopped windows, ``idle``, ``combined``)."""
-        return {label: acc.state_dict() for label, acc in self.windows.run.items()}
+        return dict(self.windows.run)
 
-    def finish(self) -> dict[str, dict]:
+    def finish(self) -> dict[str, Accumulator]:
         """The end of the run: stop open windows; every run label's per-engine sums."""
         for label in list(self.windows.active) + list(self.windows.paused):
             self.windows.stop(label, self._now, self._times)
-        return {label: acc.state_dict() for label, acc in self.windows.run.items()}
+        return dict(self.windows.run)
 
     async def close(self) -> None:
         await self.source.aclose()
@@ -243,7 +246,7 @@ class ShardedCollector(Collector):
         w = await super()._window_action(action, label, now, times)
         for part in parts:
             if part is not None:  # stop: the engines' sums, each shard's own
-                w.acc.merge_engines(Accumulator.from_state_dict(part))
+                w.acc.merge_engines(part)
         return w
 
     async def _close_windows(self) -> None:
@@ -258,10 +261,10 @@ class ShardedCollector(Collector):
             if isinstance(run, BaseException):  # the summary goes out without that shard
                 self._warner.warn(f"shard-finish:{i}", f"shard {i} gave no run summary: {run!r}")
                 continue
-            for label, state in run.items():
+            for label, part in run.items():
                 acc = self.windows.run.get(label)
                 if acc is not None:
-                    acc.merge_engines(Accumulator.from_state_dict(state))
+                    acc.merge_engines(part)
 
     def summary(self) -> dict[str, float | str]:
         """The run summary. Before the collector stops, the shards are asked for their
@@ -279,7 +282,7 @@ class ShardedCollector(Collector):
         runs = await asyncio.gather(*(s.run_state.remote() for s in self.shards))
         return self._summary_of(self._run_with(runs))
 
-    def _run_with(self, runs: list[dict[str, dict]]) -> dict[str, Accumulator]:
+    def _run_with(self, runs: list[dict[str, Accumulator]]) -> dict[str, Accumulator]:
         """Copies of the driver's run labels (polls, seconds) with the shards' engines."""
         out = {}
         for label, acc in self.windows.run.items():
@@ -287,7 +290,7 @@ class ShardedCollector(Collector):
             merged.merge(acc)
             for run in runs:
                 if label in run:
-                    merged.merge_engines(Accumulator.from_state_dict(run[label]))
+                    merged.merge_engines(run[label])
             out[label] = merged
         return out
 
