@@ -352,6 +352,13 @@ async def test_pause_resume_idle_and_combined(tmp_path: Path) -> None:
     # the run summary went to the JSONL sink at stop(), with run_status
     polls, jsonl_summary = read_jsonl(path)
     assert len(polls) > 10
+    # one row per poll: a window's keys ride in the row of the poll that stopped it
+    steps = [p["step"] for p in polls]
+    assert steps == sorted(set(steps)), steps
+    for label, keys in (("train", train_keys), ("eval", eval_keys)):
+        [row] = [p["metrics"] for p in polls if f"inference/{label}/polls" in p["metrics"]]
+        assert {k: row[k] for k in keys} == keys
+        assert row["inference/agg/engines_reporting"] > 0  # ... with that poll's own keys
     assert jsonl_summary["run_status"] == "success"
     k = "inference_summary/combined/agg/generation_tokens_total/delta"
     assert jsonl_summary[k] == summary[k]

@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -426,25 +426,26 @@ class Collector:
 
     async def _boundary(self, action: str, label: str) -> dict[str, float]:
         self.windows.check(action, label)  # misuse raises before anything is scraped
-        view = await self.poll()
-        now = view.result.time
-        # each engine's own scrape time at this boundary: coverage is judged engine by engine
-        times = {i.engine_id: i.delta.current.time for i in view.result.inputs if i.is_engine}
+        keys: dict[str, float] = {}
+
+        async def at_boundary(view: FleetView) -> Mapping[str, float]:
+            now = view.result.time
+            # each engine's own scrape time at this boundary: coverage is judged per engine
+            times = {i.engine_id: i.delta.current.time for i in view.result.inputs if i.is_engine}
+            w = await self._window_action(action, label, now, times)
+            if action == "stop":
+                keys.update(self._interval_keys(w.acc, label, summary=False))
+            return keys
+
+        # the window's keys go out in the same row as the boundary poll's
+        await self._poll(at_boundary)
         if action in ("start", "stop") and self.sinks:
-            # sinks that mark windows (Grafana annotation regions) hear of the boundary
+            # sinks that mark windows (Grafana annotation regions) hear of it once it is logged
             hook = "on_window_start" if action == "start" else "on_window_stop"
             await asyncio.get_running_loop().run_in_executor(
                 self._sink_pool, self._notify_sinks, hook, label
             )
-        w = await self._window_action(action, label, now, times)
-        if action == "stop":
-            keys = self._interval_keys(w.acc, label, summary=False)
-            if self.sinks and keys:
-                await asyncio.get_running_loop().run_in_executor(
-                    self._sink_pool, self._log_keys, keys, view.result
-                )
-            return keys
-        return {}
+        return keys
 
     async def _window_action(
         self, action: str, label: str, now: float, times: Mapping[str, float]
@@ -543,13 +544,6 @@ class Collector:
             except Exception as e:
                 self._warner.warn("sink-summary", f"summary to {sink!r} failed: {e!r}")
 
-    def _log_keys(self, keys: Mapping[str, float], result: PollResult) -> None:
-        for sink in self.sinks:
-            try:
-                sink.log(keys, step=result.step, wall_time=result.wall_time)
-            except Exception as e:
-                self._warner.warn(f"sink:{type(sink).__name__}", f"sink {sink!r} failed: {e!r}")
-
     def _run_sync(self, coro_fn, *args):
         """Run a collector coroutine from synchronous code (the background loop)."""
         if self._loop is None:
@@ -600,14 +594,24 @@ class Collector:
 
     async def poll(self) -> FleetView:
         """Scrape every endpoint once, reduce, log to the sinks; returns the fleet view."""
+        return await self._poll()
+
+    async def _poll(
+        self, before_log: Callable[[FleetView], Awaitable[Mapping[str, float]]] | None = None
+    ) -> FleetView:
+        """One poll; ``before_log`` (a window boundary) may add keys to the row it logs."""
         async with self._poll_lock:
             loop = asyncio.get_running_loop()
             result = await self._collect()
             # windows, health and the typed view walk every engine: off the loop, like parsing
             view = await loop.run_in_executor(self.source._pool, self._after_poll, result)
             self.last = view
-            if self.sinks:
-                await loop.run_in_executor(self._sink_pool, self._log_sinks, result)
+            try:
+                if before_log is not None:
+                    result.keys.update(await before_log(view))
+            finally:  # the poll is logged even if the boundary failed
+                if self.sinks:
+                    await loop.run_in_executor(self._sink_pool, self._log_sinks, result)
             if self.on_poll is not None:
                 try:
                     self.on_poll(view)
