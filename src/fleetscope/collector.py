@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fleetscope._warn import RateLimitedWarner
-from fleetscope.fleet import FleetState, PollResult, ScrapeResult
+from fleetscope.fleet import FleetState, PollResult, ScrapeResult, endpoint_of
 from fleetscope.health import HealthMonitor, HealthThresholds, health_keys
 from fleetscope.keys import KeyOptions, Schema, interval_keys, skyrl_interval_keys
 from fleetscope.sinks.base import Sink
@@ -335,13 +335,12 @@ class Collector:
         free name (names are never reused within a collector); returns them, named. Open
         windows expect an added endpoint's engines from its first scrape."""
         with self._pending_lock:
-            pending = {e.url for e in self._pending_add}
-            current = {e.url for e in self.endpoints if e.name not in self._pending_remove}
+            watched = set(self._watched())
             for e in endpoints:
                 url = e.url if isinstance(e, Endpoint) else e
-                if url in current or url in pending:
+                if url in watched:
                     raise ValueError(f"{url} is already watched")
-                pending.add(url)
+                watched.add(url)
             named = name_endpoints(endpoints, taken=self._names_used)
             self._names_used.update(e.name for e in named)
             self._pending_add.extend(named)
@@ -376,11 +375,7 @@ class Collector:
                 raise ValueError(f"{ep.url} is listed twice")
             wanted[ep.url] = ep
         with self._pending_lock:
-            current = {
-                e.url: e
-                for e in [*self.endpoints, *self._pending_add]
-                if e.name not in self._pending_remove
-            }
+            current = self._watched()
             gone = [
                 e.name
                 for url, e in current.items()
@@ -392,6 +387,15 @@ class Collector:
             ]
             added = self.add_endpoints(*new) if new else []
         return added, removed
+
+    def _watched(self) -> dict[str, Endpoint]:
+        """URL -> endpoint of the fleet as the next poll will see it (pending changes in);
+        call with ``_pending_lock`` held."""
+        return {
+            e.url: e
+            for e in [*self.endpoints, *self._pending_add]
+            if e.name not in self._pending_remove
+        }
 
     def _take_fleet_changes(self) -> tuple[list[Endpoint], list[str]]:
         """At the start of a poll: the pending additions and removals, applied to
@@ -455,9 +459,7 @@ class Collector:
 
     async def _close_windows(self) -> None:
         """At the end of the run: stop every window still open or paused."""
-        for label in list(self.windows.active) + list(self.windows.paused):
-            with contextlib.suppress(WindowError):
-                self.windows.stop(label, time.monotonic())
+        self.windows.stop_all(time.monotonic())
 
     def _interval_keys(self, acc: Accumulator, label: str, *, summary: bool) -> dict[str, float]:
         stats = acc.stats()
@@ -656,7 +658,7 @@ class Collector:
             if not stats.is_engine[i]:
                 continue
             m = stats.engine(eid)
-            endpoint = eid.rsplit(".", 1)[0]
+            endpoint = endpoint_of(eid)
             engines[eid] = EngineLoad(
                 engine_id=eid,
                 endpoint=endpoint,
@@ -676,7 +678,7 @@ class Collector:
             )
         # engines seen before but silent this poll: listed, with nothing known
         for eid in self._known_engines():
-            endpoint = eid.rsplit(".", 1)[0]
+            endpoint = endpoint_of(eid)
             if eid not in engines and "." in eid:
                 engines[eid] = EngineLoad(
                     eid,

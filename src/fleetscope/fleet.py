@@ -32,6 +32,16 @@ log = logging.getLogger("fleetscope")
 DEFAULT_CLOCK_SKEW = 1.0
 
 
+def engine_id(endpoint: str, label: str) -> str:
+    """An engine's id: its endpoint's name and its label there (``server0.1``)."""
+    return f"{endpoint}.{label}"
+
+
+def endpoint_of(engine_id: str) -> str:
+    """The endpoint an engine id belongs to (an endpoint's own row: the endpoint itself)."""
+    return engine_id.rsplit(".", 1)[0]
+
+
 @dataclass(frozen=True, slots=True)
 class ScrapeResult:
     """One endpoint's outcome in one poll."""
@@ -115,10 +125,9 @@ class FleetState:
     def forget_endpoint(self, endpoint: str) -> None:
         """An endpoint left the fleet: drop its baselines and roles (run totals stay). If it
         comes back it is a new endpoint: its first scrape is a baseline again."""
-        for engine_id in self.baselines.engines():
-            if engine_id == endpoint or engine_id.rsplit(".", 1)[0] == endpoint:
-                self.baselines.forget(engine_id)
-                self.engine_role.pop(engine_id, None)
+        for eid in self.baselines.engines():
+            if endpoint_of(eid) == endpoint:
+                self.forget_engine(eid)
         self.roles.pop(endpoint, None)
 
     def fold(
@@ -132,32 +141,32 @@ class FleetState:
             if sc.exposition is None:
                 continue
             rows = [
-                (f"{sc.endpoint}.{label}", snap, True, sc.engine_roles.get(label, sc.role))
+                (engine_id(sc.endpoint, label), snap, True, sc.engine_roles.get(label, sc.role))
                 for label, snap in sc.exposition.items()
             ]
             if sc.exposition.endpoint is not None:
                 rows.append((sc.endpoint, sc.exposition.endpoint, False, sc.role))
-            for engine_id, snap, is_engine, role in rows:
+            for eid, snap, is_engine, role in rows:
                 interval = None
-                if engine_id not in self.baselines and self._prev_poll is not None:
+                if eid not in self.baselines and self._prev_poll is not None:
                     start = snap.start_time
                     prev_mono, prev_wall = self._prev_poll
                     if start is not None and start > prev_wall + self.clock_skew:
                         interval = max(snap.time - prev_mono, 0.0)
-                d = self.baselines.advance(engine_id, snap, new_engine_interval=interval)
+                d = self.baselines.advance(eid, snap, new_engine_interval=interval)
                 # the endpoint's engine-less row restarts with its engines: count engines only
                 if d.restarted and not d.baseline_only and interval is None and is_engine:
-                    restarts.append(engine_id)
-                    self.restarts[engine_id] = self.restarts.get(engine_id, 0) + 1
+                    restarts.append(eid)
+                    self.restarts[eid] = self.restarts.get(eid, 0) + 1
                     self._warner.warn(
-                        f"restart:{engine_id}", f"{engine_id} restarted; counting its series from 0"
+                        f"restart:{eid}", f"{eid} restarted; counting its series from 0"
                     )
-                deltas[engine_id] = d
-                self.engine_role[engine_id] = role
+                deltas[eid] = d
+                self.engine_role[eid] = role
                 groups = sc.groups
                 if self.group_by_model and snap.layout.model_name:
                     groups = (*groups, f"model:{snap.layout.model_name}")
-                inputs.append(EngineInput(engine_id, d, role, groups, is_engine))
+                inputs.append(EngineInput(eid, d, role, groups, is_engine))
         ok = [sc for sc in scrapes if sc.ok]
         if ok:
             self._prev_poll = (max(sc.time for sc in ok), max(sc.wall_time for sc in ok))

@@ -32,7 +32,7 @@ from fleetscope.collector import (
     note_scrapes,
 )
 from fleetscope.exposition import Exposition
-from fleetscope.fleet import FleetState, PollResult, ScrapeResult
+from fleetscope.fleet import FleetState, PollResult, ScrapeResult, endpoint_of
 from fleetscope.sources.http import Endpoint, HttpSource
 from fleetscope.stats.reduce import Partial, partial_reduce
 from fleetscope.windows import Accumulator, Window, WindowSet
@@ -129,8 +129,7 @@ class ShardWorker:
 
     def finish(self) -> dict[str, Accumulator]:
         """The end of the run: stop open windows; every run label's per-engine sums."""
-        for label in list(self.windows.active) + list(self.windows.paused):
-            self.windows.stop(label, self._now, self._times)
+        self.windows.stop_all(self._now, self._times)
         return dict(self.windows.run)
 
     async def close(self) -> None:
@@ -222,8 +221,8 @@ class ShardedCollector(Collector):
         for name in removed:
             i = self._owner.pop(name)
             changes.setdefault(i, ([], []))[1].append(name)
-            self._seen = {e: None for e in self._seen if e.rsplit(".", 1)[0] != name}
-            self.state.roles.pop(name, None)
+            self._seen = {e: None for e in self._seen if endpoint_of(e) != name}
+            self.state.forget_endpoint(name)  # the driver holds its role, not its baselines
         load = [0] * len(self.shards)
         for i in self._owner.values():
             load[i] += 1
@@ -271,16 +270,18 @@ class ShardedCollector(Collector):
         per-engine sums (a blocking Ray call: in async code use :meth:`asummary`)."""
         if self._gathered or not self.shards:
             return super().summary()  # the shards' sums were gathered at the end of the run
-        import ray
-
-        runs = ray.get([s.run_state.remote() for s in self.shards], timeout=self.timeout * 4)
-        return self._summary_of(self._run_with(runs))
+        return self._summary_of(self._run_with(self._shard_runs_blocking()))
 
     async def asummary(self) -> dict[str, float | str]:
         if self._gathered or not self.shards:
             return super().summary()
         runs = await asyncio.gather(*(s.run_state.remote() for s in self.shards))
         return self._summary_of(self._run_with(runs))
+
+    def _shard_runs_blocking(self) -> list[dict[str, Accumulator]]:
+        import ray
+
+        return ray.get([s.run_state.remote() for s in self.shards], timeout=self.timeout * 4)
 
     def _run_with(self, runs: list[dict[str, Accumulator]]) -> dict[str, Accumulator]:
         """Copies of the driver's run labels (polls, seconds) with the shards' engines."""
@@ -299,10 +300,7 @@ class ShardedCollector(Collector):
         blocking Ray call). Loads into a sharded or a plain collector alike."""
         state = super().state_dict()
         if self.shards and not self._gathered:
-            import ray
-
-            runs = ray.get([s.run_state.remote() for s in self.shards], timeout=self.timeout * 4)
-            merged = self._run_with(runs)
+            merged = self._run_with(self._shard_runs_blocking())
             state["windows"] = {
                 **state["windows"],
                 "run": {label: acc.state_dict() for label, acc in merged.items()},

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fleetscope.exposition import Parser
+from fleetscope.fleet import endpoint_of
 from fleetscope.snapshot import EngineLayout, EngineSnapshot, render_layout
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.reduce import EngineInput, PollStats, Role, reduce_poll
@@ -238,14 +239,14 @@ class Accumulator:
         assert self._open is not None
         if engine in self._open:
             return self._open[engine]
-        return self._joined.get(_endpoint_of(engine), self._open_default)
+        return self._joined.get(endpoint_of(engine), self._open_default)
 
     def endpoint_joins(self, endpoint: str, time: float) -> None:
         """An endpoint was added to the fleet, first scraped at ``time``."""
         if self._open is None:
             return
         self._joined[endpoint] = time
-        for e in [e for e in self._left if _endpoint_of(e) == endpoint]:
+        for e in [e for e in self._left if endpoint_of(e) == endpoint]:
             self._left.discard(e)
             self._open.pop(e, None)
 
@@ -255,7 +256,7 @@ class Accumulator:
         if self._open is None:
             return
         for e in self._span_engines({}):
-            if _endpoint_of(e) == endpoint:
+            if endpoint_of(e) == endpoint:
                 self.engine_leaves(e, time)
 
     def engine_leaves(self, engine: str, time: float) -> None:
@@ -407,10 +408,6 @@ class Accumulator:
                 if vals[0] or vals[1] or vals[2] or not math.isnan(vals[3]):
                     es.retired[sid] = _combine(es.retired.get(sid), vals)
         return acc
-
-
-def _endpoint_of(engine_id: str) -> str:
-    return engine_id.rsplit(".", 1)[0]
 
 
 def _nan_or_zero(d: EngineDelta) -> np.ndarray:
@@ -568,6 +565,10 @@ class WindowSet:
         w.state = "stopped"
         self.run.setdefault(label, Accumulator(label)).merge(w.acc)
         return w
+
+    def stop_all(self, now: float, times: Mapping[str, float] | None = None) -> list[Window]:
+        """The end of the run: stop every window still open or paused."""
+        return [self.stop(label, now, times) for label in [*self.active, *self.paused]]
 
     def endpoint_joins(self, endpoint: str, time: float) -> None:
         """An endpoint joined the fleet (first scraped at ``time``): open windows expect its

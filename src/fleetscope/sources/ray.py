@@ -35,7 +35,7 @@ import numpy as np
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.catalog import RAY_PREFIXES
 from fleetscope.exposition import Exposition
-from fleetscope.fleet import ScrapeResult
+from fleetscope.fleet import ScrapeResult, engine_id
 from fleetscope.snapshot import (
     CounterSeries,
     EngineLayout,
@@ -305,9 +305,7 @@ class RaySource:
             return False
         if self.identity is None:
             try:
-                self.identity = await asyncio.wait_for(
-                    asyncio.to_thread(self._lookup), timeout=self.lookup_timeout
-                )
+                self.identity = await self._call_lookup()
             except TimeoutError:
                 self._disable(f"identity lookup timed out after {self.lookup_timeout:g} s")
                 return False
@@ -321,13 +319,16 @@ class RaySource:
             return False
         return True
 
+    async def _call_lookup(self) -> RayIdentity:
+        """The identity lookup in a thread, bounded by ``lookup_timeout``."""
+        assert self._lookup is not None
+        return await asyncio.wait_for(asyncio.to_thread(self._lookup), timeout=self.lookup_timeout)
+
     async def _relookup(self) -> None:
         """Own ids went missing: ask the lookup again (actors restart under new workers)."""
         old = self.identity or RayIdentity()
         try:
-            new = await asyncio.wait_for(
-                asyncio.to_thread(self._lookup), timeout=self.lookup_timeout
-            )
+            new = await self._call_lookup()
         except Exception as e:  # keep what we had: the old ids may come back
             self._warner.warn("relookup", f"Ray identity re-lookup failed: {type(e).__name__}: {e}")
             return
@@ -402,7 +403,7 @@ class RaySource:
             for label in expo:
                 wid = self._label_wid.get(label)
                 if wid:
-                    self._engines_of_wid.setdefault(wid, set()).add(f"{r.endpoint}.{label}")
+                    self._engines_of_wid.setdefault(wid, set()).add(engine_id(r.endpoint, label))
             out.append(
                 ScrapeResult(
                     r.endpoint, expo, r.time, r.wall_time, r.latency, None, None, r.groups, roles
