@@ -18,6 +18,7 @@ import logging
 import re
 import time
 
+import httpx
 import pytest
 
 from conftest import RAY_DIR, drop_lines, fixture_text, sample_value, set_values
@@ -352,3 +353,37 @@ def test_labels_are_safe_engine_ids():
     kept, _, _ = RaySource(RayIdentity(model_names={"org/model-1.5B"})).filter(parse(body))
     (label,) = kept
     assert "." not in label and "/" not in label and label.endswith("-0")
+
+
+async def test_a_steady_foreign_count_after_a_dead_first_poll_is_no_restart():
+    """Re-lookups are for restarts: own ids missing, or *new* foreign engines. Foreign engines
+    that were there all along are not new, even when the agents did not answer the first
+    poll (nothing was counted then, not zero)."""
+    calls = []
+
+    def lookup():
+        calls.append(1)
+        return RayIdentity(worker_ids={OWN0, OWN1})
+
+    class FirstPollDead(FakeAgents):
+        async def _fetch(self, ep):
+            if not self.fetched:
+                self.fetched.append(ep.metrics_url)
+                raise httpx.ConnectError("agent not up yet")
+            return await super()._fetch(ep)
+
+    body = fixture_text("ray_default.prom")
+    src = RaySource(
+        None,
+        nodes=lambda: [NODE],
+        http=FirstPollDead(body),
+        identity_lookup=lookup,
+        relookup_after=1,
+    )
+    first = await src.scrape_all()
+    assert not first[0].ok
+    for _ in range(3):
+        results = await src.scrape_all()
+        assert results[0].ok and len(results[0].exposition) == 2
+    assert src.foreign_engines > 0 and src.missing == set()
+    assert calls == [1]  # the first lookup only

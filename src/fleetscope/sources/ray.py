@@ -422,11 +422,11 @@ class RaySource:
         answered = any(r.ok for r in results)
         # own ids without samples, or new foreign engines (a restarted actor's new worker,
         # while the agent still exports the dead one's last values): maybe a restart
-        if self._foreign_known is None and answered:
-            self._foreign_known = foreign
-        known = foreign if self._foreign_known is None else self._foreign_known
-        suspect = answered and bool(self.missing or foreign > known)
-        self._foreign_known = min(known, foreign)
+        suspect = False
+        if answered:  # a poll nobody answered tells nothing, not "0 foreign engines"
+            known = foreign if self._foreign_known is None else self._foreign_known
+            suspect = bool(self.missing) or foreign > known
+            self._foreign_known = min(known, foreign)
         self._missing_polls = self._missing_polls + 1 if suspect else 0
         if self._lookup is not None and self._missing_polls >= self._relookup_wait:
             self._missing_polls = 0
