@@ -65,13 +65,26 @@ def _endpoints_from_args(args: argparse.Namespace):
 
     eps = [Endpoint(url=u) for u in args.urls]
     for spec in args.role or []:
-        role, sep, url = spec.partition("=")
-        if not sep or role not in ("prefill", "decode") or not url:
+        try:
+            role, url = _role_and_url(spec)
+        except ValueError:
+            role = None
+        if role is None:
             raise SystemExit(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
         eps.append(Endpoint(url=url, role=role))
     if not eps and not getattr(args, "endpoints_file", None):
         raise SystemExit("fleetscope: give at least one endpoint URL (or --endpoints-file)")
     return eps
+
+
+def _role_and_url(spec: str) -> tuple[str | None, str]:
+    """``URL`` (no role), or ``prefill=URL`` / ``decode=URL``."""
+    role, sep, url = spec.partition("=")
+    if not sep or "://" in role:
+        return None, spec.strip()
+    if role not in ("prefill", "decode") or not url.strip():
+        raise ValueError("expected URL, prefill=URL or decode=URL")
+    return role, url.strip()
 
 
 def read_endpoints_file(path: str):
@@ -87,19 +100,17 @@ def read_endpoints_file(path: str):
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
-            role, sep, url = line.partition("=")
-            if not sep or "://" in role:
-                role, url = "", line
-            elif role not in ("prefill", "decode"):
-                raise ValueError(f"line {lineno}: expected URL, prefill=URL or decode=URL")
-            url = url.strip()
+            try:
+                role, url = _role_and_url(line)
+            except ValueError as e:
+                raise ValueError(f"line {lineno}: {e}") from None
             try:
                 parsed = httpx.URL(url)
             except httpx.InvalidURL as e:
                 raise ValueError(f"line {lineno}: {url!r} is not a URL ({e})") from None
             if parsed.scheme not in ("http", "https") or not parsed.host:
                 raise ValueError(f"line {lineno}: {url!r} is not an http(s) URL")
-            eps.append(Endpoint(url=url, role=role or None))
+            eps.append(Endpoint(url=url, role=role))
     return eps
 
 
