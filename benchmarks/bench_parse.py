@@ -31,8 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetscope.exposition import Parser
 
 _HERE = Path(__file__).resolve()
-_NEXT_TO_REPO = _HERE.parents[2] / "shared" / "fixtures"
-FIXTURES = _NEXT_TO_REPO if _NEXT_TO_REPO.is_dir() else Path("/work/shared/fixtures")
+FIXTURES = _HERE.parents[1] / "tests" / "data" / "fixtures"
 BODIES = ("single_after.prom", "dp2_load.prom")
 TARGET_RATIO = 20.0
 

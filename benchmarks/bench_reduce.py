@@ -37,8 +37,7 @@ from fleetscope.stats.deltas import Baselines
 from fleetscope.stats.reduce import EngineInput, reduce_poll
 
 _HERE = Path(__file__).resolve()
-_NEXT_TO_REPO = _HERE.parents[2] / "shared" / "fixtures"
-FIXTURES = _NEXT_TO_REPO if _NEXT_TO_REPO.is_dir() else Path("/work/shared/fixtures")
+FIXTURES = _HERE.parents[1] / "tests" / "data" / "fixtures"
 WALL = 1_795_970_000.0
 TARGET_SECONDS = 1.0
 TARGET_MB = 100.0

@@ -1,6 +1,6 @@
 """Shared test helpers: where the real captures live, body editing, reference implementations.
 
-The captures in ``shared/fixtures`` are never edited; tests that need a different state edit the
+The captures in ``tests/data/fixtures`` are never edited; tests that need a different state edit the
 text in memory with :func:`set_values` / :func:`drop_lines`.
 
 ``promql_bucket_quantile`` is an independent, straight transcription of PromQL's classic
@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-# CI clones the repository next to `shared/`; a developer checkout may live elsewhere.
-_NEXT_TO_REPO = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-FIXTURES = _NEXT_TO_REPO if _NEXT_TO_REPO.is_dir() else Path("/work/shared/fixtures")
+# real vLLM 0.32 and Ray 2.60 captures, versioned with the tests (provenance in its README)
+FIXTURES = Path(__file__).resolve().parent / "data" / "fixtures"
 
 # a simulated KV cache small enough to fill up (256 blocks of 16 tokens) with long outputs: KV
 # pressure, and preemptions by the dozen every few seconds

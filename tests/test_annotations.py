@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from fleetscope.annotations import GrafanaAnnotator, validate_grafana_url
+from fleetscope.sinks.grafana import GrafanaAnnotator, validate_grafana_url
 from fleetscope.cli import main as cli_main
 from fleetscope.sinks.base import Sink
 
@@ -115,7 +115,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "fleetscope.annotations" and r.levelno == logging.WARNING
+        if r.name == "fleetscope.sinks.grafana" and r.levelno == logging.WARNING
     ]
 
 
@@ -296,7 +296,7 @@ def test_without_token(grafana: FakeGrafana, monkeypatch: pytest.MonkeyPatch, ca
 def test_server_error_never_raises_and_warns_once(grafana: FakeGrafana, caplog) -> None:
     grafana.mode = "500"
     ann = GrafanaAnnotator(grafana.url)
-    with caplog.at_level(logging.WARNING, logger="fleetscope.annotations"):
+    with caplog.at_level(logging.WARNING, logger="fleetscope.sinks.grafana"):
         assert ann.start_run("r500") is None
         for _ in range(5):
             assert ann.window_start("train") is None

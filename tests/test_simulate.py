@@ -26,7 +26,7 @@ from fleetscope.simulate import (
 )
 from fleetscope.simulate.vllm_families import FAMILIES, build_1_2_5_buckets
 
-FIXTURES = Path(os.environ.get("FLEETSCOPE_FIXTURES", "/work/shared/fixtures")) / "vllm-0.32.0-cpu"
+FIXTURES = Path(__file__).resolve().parent / "data" / "fixtures" / "vllm-0.32.0-cpu"
 WALL = 1_800_000_000.0
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")

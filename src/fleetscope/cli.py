@@ -307,7 +307,7 @@ def cmd_dashboard_grafana(args: argparse.Namespace) -> int:
 def cmd_annotate(args: argparse.Namespace) -> int:
     import logging
 
-    from fleetscope.annotations import GrafanaAnnotator
+    from fleetscope.sinks.grafana import GrafanaAnnotator
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:

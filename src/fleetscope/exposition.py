@@ -39,7 +39,7 @@ from fleetscope.snapshot import (
     format_series,
 )
 
-# SPEC 2: a 50 MB body is bad input. Real bodies are ~50-70 kB (vLLM) to ~0.5 MB (a Ray
+# docs/rules.md §2: a 50 MB body is bad input. Real bodies are ~50-70 kB (vLLM) to ~0.5 MB (a Ray
 # node agent); 16 MiB leaves room for large fleets behind one endpoint.
 MAX_BODY_BYTES = 16 * 1024 * 1024
 

@@ -1,7 +1,7 @@
 """The fleet's statistical state between polls, with no I/O: scrapes in, statistics and keys out.
 
 A source (HTTP, Ray, files) produces one :class:`ScrapeResult` per endpoint per poll; the
-:class:`FleetState` turns them into per-engine deltas (SPEC 3), reduces them per scope, and
+:class:`FleetState` turns them into per-engine deltas (docs/rules.md §3), reduces them per scope, and
 renders keys. The collector and ``fleetscope inspect`` share it, so the CLI shows exactly what
 the collector logs.
 """

@@ -1,4 +1,4 @@
-"""Windows and the run summary (SPEC 3.8): exact sums of per-engine deltas over named intervals.
+"""Windows and the run summary (docs/rules.md §3.8): exact sums of per-engine deltas over named intervals.
 
 Every poll's per-engine deltas are *attributed*: to each active window, and to the run label
 of each active window; deltas that arrive while no window is active go to the ``idle`` label,

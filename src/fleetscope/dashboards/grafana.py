@@ -370,7 +370,7 @@ def build_dashboard(
             ``"vllm:"`` / ``"vllm_"`` (any valid name prefix) selects exact names.
         role_label: the target label holding ``prefill`` / ``decode`` (absent = colocated).
         annotation_tags: Grafana annotations with these tags (as written by
-            :class:`fleetscope.annotations.GrafanaAnnotator`) are shown on every panel;
+            :class:`fleetscope.sinks.grafana.GrafanaAnnotator`) are shown on every panel;
             empty for none.
     """
     if metric_prefix is not None and not _NAME_RE.match(metric_prefix + "x"):

@@ -1,6 +1,6 @@
 """vLLM metrics read through Ray's per-node metrics agents, filtered to the run's own engines.
 
-Facts this relies on (Ray 2.60, see ``shared/recipes/ray-metrics.md``): every alive node's agent
+Facts this relies on (Ray 2.60, see ``docs/ray-metrics-facts.md``): every alive node's agent
 serves ``http://{NodeManagerAddress}:{MetricsExportPort}/metrics``; vLLM names come as
 ``ray_vllm_*`` (mapped back to ``vllm:`` by the parser); every sample carries ``WorkerId`` (the
 recording actor's worker, 56 hex digits) and ``ReplicaId`` (Ray Serve's replica, "" outside

@@ -1,6 +1,6 @@
 """Per-engine, per-series deltas between two scrapes, with Prometheus reset semantics.
 
-Rules (SPEC 3.1-3.3), all per engine and per series:
+Rules (docs/rules.md §3.1-3.3), all per engine and per series:
 
 * delta = current - baseline, with the engine's own time difference;
 * a series whose value decreased or whose ``_created`` moved was reset: its delta is its new

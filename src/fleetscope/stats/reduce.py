@@ -6,7 +6,7 @@ layout (so a fleet of identical engines is one matrix operation):
 * gauges, counters and histogram ``_sum``/``_count``: their current value;
 * counters: ``:rate`` = delta / the engine's own seconds; histograms: ``:rate`` (count/s) and
   ``:mean`` (delta sum / delta count);
-* ratios (SPEC 4): prefix-cache hit rate, preemptions per million output tokens, share of
+* ratios (docs/rules.md §4): prefix-cache hit rate, preemptions per million output tokens, share of
   requests finished by ``length``, speculative-decoding acceptance... as delta / delta;
 * KV capacity in tokens from ``cache_config_info``.
 

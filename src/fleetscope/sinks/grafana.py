@@ -25,7 +25,7 @@ which the collector calls from ``stop(status=...)``, closes it with the summary'
 collector announces its windows to sinks that have ``on_window_start`` / ``on_window_stop``,
 so each window becomes a region by itself::
 
-    from fleetscope.annotations import GrafanaAnnotator
+    from fleetscope.sinks.grafana import GrafanaAnnotator
     from fleetscope.collector import Collector
 
     grafana = GrafanaAnnotator("https://grafana.example.com", run_id="run-42")
