@@ -1,4 +1,4 @@
-"""Per-engine, per-series deltas (SPEC 3.1-3.3, 3.7): one named test per rule.
+"""Per-engine, per-series deltas (docs/rules.md §3.1-3.3, 3.7): one named test per rule.
 
 Inputs are the real captures, edited in memory; expected values are read straight from the
 text of the bodies, never from fleetscope.

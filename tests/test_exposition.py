@@ -1,8 +1,8 @@
-"""The exposition parser (SPEC 2) against prometheus_client's own parser and writer.
+"""The exposition parser (docs/rules.md §2) against prometheus_client's own parser and writer.
 
 * every real capture: families, types, engines, label breakdowns and values equal what
   ``prometheus_client.parser.text_string_to_metric_families`` reads from the same body, once
-  grouped by engine the way SPEC 2 says (breakdown labels kept, other non-identity labels
+  grouped by engine the way docs/rules.md §2 says (breakdown labels kept, other non-identity labels
   summed, ``_created`` kept as reset evidence, Ray's doubled counters counted once);
 * random registries written by ``generate_latest`` (0.0.4 and OpenMetrics) round-trip exactly;
 * the rules by name: renames, ``iteration_tokens_total``, ``cache_config_info``, NaN;
@@ -68,7 +68,7 @@ def _le(v: str) -> str:
 
 
 class Reference:
-    """What SPEC 2 says a body holds, built from prometheus_client's families."""
+    """What docs/rules.md §2 says a body holds, built from prometheus_client's families."""
 
     def __init__(self, families: Iterable, *, ray: bool | None = None):
         fams = list(families)

@@ -14,7 +14,7 @@ PromQL on the same samples (relative 1e-9):
   0.99 and several histograms, per scope;
 * mixed bucket layouts (one server's ``request_prompt_tokens`` stops at 1000, the other's at
   500): fleetscope equals ``histogram_quantile`` on the *intersection* of the bounds (only the
-  shared ``le`` values queried) and differs from PromQL's union answer, as SPEC 3.5 demands.
+  shared ``le`` values queried) and differs from PromQL's union answer, as docs/rules.md §3.5 demands.
 
 The simulator always answers in text format 0.0.4, so Prometheus keeps the ``vllm:`` names.
 """

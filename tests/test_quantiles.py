@@ -1,4 +1,4 @@
-"""Histogram quantiles (SPEC 3.5) against an independent transcription of PromQL's rules.
+"""Histogram quantiles (docs/rules.md §3.5) against an independent transcription of PromQL's rules.
 
 ``promql_bucket_quantile`` (tests/conftest.py) is the reference; ``bucket_quantile`` must agree
 with it on random bucket sets (unsorted, duplicated bounds, float noise, non-monotonic counts)
@@ -210,7 +210,7 @@ def test_identical_layouts_pool_to_promql_sum_by_le():
 
 
 def test_mixed_bucket_layouts_pool_on_the_intersection_not_the_union():
-    """SPEC 3.5: two servers, max_model_len 512 and 1024. The 512 one sees 100 prompts of
+    """docs/rules.md §3.5: two servers, max_model_len 512 and 1024. The 512 one sees 100 prompts of
     505 tokens (above its last finite bound, 500); the 1024 one sees 100 prompts of 400.
     Every prompt is <= 512 tokens."""
 

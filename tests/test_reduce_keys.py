@@ -1,4 +1,4 @@
-"""Scope reductions (SPEC 3.4-3.6, 4) and key schemas / the key budget (SPEC 5).
+"""Scope reductions (docs/rules.md §3.4-3.6, 4) and key schemas / the key budget (docs/rules.md §5).
 
 Expected values are computed from the bodies' text; quantiles with the independent PromQL
 reference in conftest.

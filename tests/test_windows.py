@@ -1,4 +1,4 @@
-"""Windows and the run summary (SPEC 3.8) against a simulated fleet over real HTTP.
+"""Windows and the run summary (docs/rules.md §3.8) against a simulated fleet over real HTTP.
 
 The fleet is stepped by hand between polls ("frozen steps"): two scrapes with no step between
 them see the same bodies, so the fleet's own ground truth at each poll is known exactly and
