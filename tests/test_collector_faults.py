@@ -29,7 +29,8 @@ import pytest
 
 from conftest import promql_bucket_quantile
 from fleetscope._warn import RateLimitedWarner
-from fleetscope.collector import Collector, FleetView, counter_increase
+from fleetscope.collector import Collector, FleetView
+from fleetscope.view import counter_increase
 from fleetscope.simulate import FleetServer, SimEndpoint, SimFleet
 from fleetscope.sources.http import Endpoint
 

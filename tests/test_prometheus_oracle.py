@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fleetscope.collector import Collector, FleetView, counter_increase
+from fleetscope.collector import Collector, FleetView
+from fleetscope.view import counter_increase
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.simulate.vllm_families import build_1_2_5_buckets
 from fleetscope.sources.http import Endpoint

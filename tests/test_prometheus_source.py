@@ -367,7 +367,7 @@ def test_a_target_scraped_while_reading_is_read_again():
         src = PrometheusSource("http://prom:9090", names={"h:1": "server0"})
         src._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
         try:
-            return await src.scrape_all()
+            return await src.scrape()
         finally:
             await src.aclose()
 

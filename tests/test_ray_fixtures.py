@@ -245,7 +245,7 @@ def test_pieces_merge_into_one_stable_layout():
 async def test_filtering_everything_away_warns(caplog):
     src = source(RayIdentity(worker_ids={"f" * 56}), fixture_text("ray_default.prom"))
     with caplog.at_level(logging.WARNING, logger="fleetscope"):
-        results = await src.scrape_all()
+        results = await src.scrape()
     assert [r.ok for r in results] == [True] and len(results[0].exposition) == 0
     assert src.foreign_engines == 4 and src.missing == {"f" * 56}
     assert any("identity filter removed everything" in r.getMessage() for r in caplog.records)
@@ -256,7 +256,7 @@ async def test_no_vllm_metrics_at_all_warns_after_a_few_polls(caplog):
     src = source(RayIdentity(worker_ids={OWN0}), body)
     with caplog.at_level(logging.WARNING, logger="fleetscope"):
         for _ in range(3):
-            await src.scrape_all()
+            await src.scrape()
     assert any("without any vLLM metric" in r.getMessage() for r in caplog.records)
 
 
@@ -266,7 +266,7 @@ async def test_opencensus_without_usable_identity_warns(caplog):
     body = drop_lines(fixture_text("ray_vllm_ocdefault.prom"), r"^ray_vllm_.*WorkerId=")
     src = source(RayIdentity(worker_ids={OC_META["identity"]["worker_id"]}), body)
     with caplog.at_level(logging.WARNING, logger="fleetscope"):
-        await src.scrape_all()
+        await src.scrape()
     msgs = " ".join(r.getMessage() for r in caplog.records)
     assert "carry no WorkerId" in msgs and "identity filter removed everything" in msgs
 
@@ -310,8 +310,8 @@ async def test_identity_lookup_success_runs_once():
         return RayIdentity(worker_ids={OWN0, OWN1})
 
     src = source(None, fixture_text("ray_default.prom"), identity_lookup=lookup)
-    assert len(await src.scrape_all()) == 1
-    results = await src.scrape_all()
+    assert len(await src.scrape()) == 1
+    results = await src.scrape()
     assert calls == [1] and len(results[0].exposition) == 2
 
 
@@ -380,10 +380,10 @@ async def test_a_steady_foreign_count_after_a_dead_first_poll_is_no_restart():
         identity_lookup=lookup,
         relookup_after=1,
     )
-    first = await src.scrape_all()
+    first = await src.scrape()
     assert not first[0].ok
     for _ in range(3):
-        results = await src.scrape_all()
+        results = await src.scrape()
         assert results[0].ok and len(results[0].exposition) == 2
     assert src.foreign_engines > 0 and src.missing == set()
     assert calls == [1]  # the first lookup only

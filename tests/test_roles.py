@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from fleetscope.collector import KV_CONSUMER_FAMILY, Collector, FleetView
+from fleetscope.catalog import KV_CONSUMER_FAMILY
+from fleetscope.collector import Collector, FleetView
 from fleetscope.health import HealthThresholds
 from fleetscope.simulate import CONTENT_TYPE_LATEST, FleetServer, SimEndpoint, SimFleet
 from fleetscope.sinks.terminal import TerminalSink

@@ -168,13 +168,16 @@ class ScriptedFleet:
         fam.remove(MODEL, label)
         fam.labels(MODEL, label).inc(self.ticks[-1][eid][counter])
 
-    async def scrape_all(self) -> list[ScrapeResult]:
+    async def scrape(self) -> list[ScrapeResult]:
         out = []
         for ep, (role, _) in LAYOUT.items():
             body = generate_latest(self.registries[ep])
             expo = self._parsers[ep].parse(body, time=self.now, wall_time=WALL + self.now)
             out.append(ScrapeResult(ep, expo, self.now, WALL + self.now, role=role))
         return out
+
+    def take_departures(self) -> list:
+        return []
 
     async def aclose(self) -> None:
         pass

@@ -1,3 +1,89 @@
-"""fleetscope: correct fleet statistics for vLLM inference engines."""
+"""fleetscope: correct fleet statistics for LLM inference engines, from their ``/metrics``.
+
+The public API. Everything here is importable as ``fleetscope.X``; names whose module needs an
+optional extra (W&B, TensorBoard, MLflow, Ray) are imported only when first used::
+
+    import fleetscope as fs
+
+    async with fs.Collector(["http://gpu0:8000"], sinks=[fs.JsonlSink("polls.jsonl")]) as c:
+        ...
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# name -> module it lives in (imported on first use: some need an optional extra)
+_EXPORTS: dict[str, str] = {
+    "Collector": "fleetscope.collector",
+    "CollectorConfig": "fleetscope.config",
+    "WindowHandle": "fleetscope.boundaries",
+    "WindowError": "fleetscope.windows",
+    "FleetView": "fleetscope.view",
+    "EngineLoad": "fleetscope.view",
+    "EngineId": "fleetscope.identity",
+    "Endpoint": "fleetscope.sources.http",
+    "HttpSource": "fleetscope.sources.http",
+    "Source": "fleetscope.sources.base",
+    "ScrapeResult": "fleetscope.sources.base",
+    "PrometheusSource": "fleetscope.sources.prometheus",
+    "RaySource": "fleetscope.sources.ray",
+    "RayIdentity": "fleetscope.sources.ray",
+    "ShardedCollector": "fleetscope.sharded",
+    "ShardedSource": "fleetscope.sharded",
+    "Sink": "fleetscope.sinks.base",
+    "JsonlSink": "fleetscope.sinks.jsonl",
+    "read_jsonl": "fleetscope.sinks.jsonl",
+    "TerminalSink": "fleetscope.sinks.terminal",
+    "WandbSink": "fleetscope.sinks.wandb",
+    "TensorBoardSink": "fleetscope.sinks.tensorboard",
+    "MlflowSink": "fleetscope.sinks.mlflow",
+    "GrafanaAnnotator": "fleetscope.sinks.grafana",
+    "HealthThresholds": "fleetscope.health",
+    "HealthEvent": "fleetscope.health",
+    "parse": "fleetscope.exposition",
+    "Parser": "fleetscope.exposition",
+    "Exposition": "fleetscope.exposition",
+    "ExpositionError": "fleetscope.exposition",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fleetscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from fleetscope.boundaries import WindowHandle
+    from fleetscope.collector import Collector
+    from fleetscope.config import CollectorConfig
+    from fleetscope.exposition import Exposition, ExpositionError, Parser, parse
+    from fleetscope.health import HealthEvent, HealthThresholds
+    from fleetscope.identity import EngineId
+    from fleetscope.sharded import ShardedCollector, ShardedSource
+    from fleetscope.sinks.base import Sink
+    from fleetscope.sinks.grafana import GrafanaAnnotator
+    from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
+    from fleetscope.sinks.mlflow import MlflowSink
+    from fleetscope.sinks.tensorboard import TensorBoardSink
+    from fleetscope.sinks.terminal import TerminalSink
+    from fleetscope.sinks.wandb import WandbSink
+    from fleetscope.sources.base import ScrapeResult, Source
+    from fleetscope.sources.http import Endpoint, HttpSource
+    from fleetscope.sources.prometheus import PrometheusSource
+    from fleetscope.sources.ray import RayIdentity, RaySource
+    from fleetscope.view import EngineLoad, FleetView
+    from fleetscope.windows import WindowError

@@ -11,16 +11,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fleetscope._warn import RateLimitedWarner
-from fleetscope.exposition import Exposition
-from fleetscope.keys import KeyOptions, poll_keys
+from fleetscope.identity import EngineId, Role
+from fleetscope.keys import KeyOptions, key_prefix, poll_keys
+from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.deltas import Baselines, EngineDelta
+
+if TYPE_CHECKING:
+    from fleetscope.health import HealthEvent
 from fleetscope.stats.reduce import (
     EngineInput,
     Partial,
     PollStats,
-    Role,
     finish_reduce,
     merge_partials,
     partial_reduce,
@@ -32,35 +36,6 @@ log = logging.getLogger("fleetscope")
 DEFAULT_CLOCK_SKEW = 1.0
 
 
-def engine_id(endpoint: str, label: str) -> str:
-    """An engine's id: its endpoint's name and its label there (``server0.1``)."""
-    return f"{endpoint}.{label}"
-
-
-def endpoint_of(engine_id: str) -> str:
-    """The endpoint an engine id belongs to (an endpoint's own row: the endpoint itself)."""
-    return engine_id.rsplit(".", 1)[0]
-
-
-@dataclass(frozen=True, slots=True)
-class ScrapeResult:
-    """One endpoint's outcome in one poll."""
-
-    endpoint: str
-    exposition: Exposition | None  # None when the scrape failed
-    time: float  # monotonic seconds when the response arrived (or the failure happened)
-    wall_time: float
-    latency: float = 0.0
-    error: str | None = None
-    role: Role | None = None
-    groups: tuple[str, ...] = ()
-    engine_roles: Mapping[str, Role] = field(default_factory=dict)  # per engine label
-
-    @property
-    def ok(self) -> bool:
-        return self.exposition is not None
-
-
 @dataclass
 class PollResult:
     """What one poll produced."""
@@ -68,15 +43,13 @@ class PollResult:
     step: int
     stats: PollStats
     keys: dict[str, float]
-    deltas: dict[str, EngineDelta]
+    deltas: dict[EngineId, EngineDelta]
     scrapes: list[ScrapeResult]
-    restarts: list[str] = field(default_factory=list)
+    restarts: list[EngineId] = field(default_factory=list)
     wall_time: float = 0.0
     time: float = 0.0  # monotonic time of the latest response in this poll
     inputs: list[EngineInput] = field(default_factory=list)
-    events: list = field(default_factory=list)  # health events (fleetscope.health.HealthEvent)
-    # per engine, when ``deltas`` are not at hand (a sharded driver): preemptions this poll
-    preemptions: dict[str, float | None] = field(default_factory=dict)
+    events: list[HealthEvent] = field(default_factory=list)
 
 
 class FleetState:
@@ -97,11 +70,11 @@ class FleetState:
         self.clock_skew = clock_skew
         self.prefixes = tuple(prefixes) if prefixes else None
         self.step = 0
-        self.restarts: dict[str, int] = {}
+        self.restarts: dict[EngineId, int] = {}
         self.scrape_failures_total: dict[str, int] = {}
         self._prev_poll: tuple[float, float] | None = None  # (monotonic, wall) of last poll
         self.roles: dict[str, Role | None] = {}  # endpoint -> role
-        self.engine_role: dict[str, Role | None] = {}
+        self.engine_role: dict[EngineId, Role | None] = {}
         # a crash-looping engine is counted every time, but warned about once per interval
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
 
@@ -117,7 +90,7 @@ class FleetState:
             restarts=restarts,
         )
 
-    def forget_engine(self, engine_id: str) -> None:
+    def forget_engine(self, engine_id: EngineId) -> None:
         """An engine is gone for good (its worker will never report again)."""
         self.baselines.forget(engine_id)
         self.engine_role.pop(engine_id, None)
@@ -126,26 +99,26 @@ class FleetState:
         """An endpoint left the fleet: drop its baselines and roles (run totals stay). If it
         comes back it is a new endpoint: its first scrape is a baseline again."""
         for eid in self.baselines.engines():
-            if endpoint_of(eid) == endpoint:
+            if eid.endpoint == endpoint:
                 self.forget_engine(eid)
         self.roles.pop(endpoint, None)
 
     def fold(
         self, scrapes: Sequence[ScrapeResult]
-    ) -> tuple[list[EngineInput], dict[str, EngineDelta], list[str]]:
+    ) -> tuple[list[EngineInput], dict[EngineId, EngineDelta], list[EngineId]]:
         """Per-engine deltas of one poll (the baselines advance); nothing is reduced yet."""
         inputs: list[EngineInput] = []
-        deltas: dict[str, EngineDelta] = {}
-        restarts: list[str] = []
+        deltas: dict[EngineId, EngineDelta] = {}
+        restarts: list[EngineId] = []
         for sc in scrapes:
             if sc.exposition is None:
                 continue
             rows = [
-                (engine_id(sc.endpoint, label), snap, True, sc.engine_roles.get(label, sc.role))
+                (EngineId(sc.endpoint, label), snap, True, sc.engine_roles.get(label, sc.role))
                 for label, snap in sc.exposition.items()
             ]
             if sc.exposition.endpoint is not None:
-                rows.append((sc.endpoint, sc.exposition.endpoint, False, sc.role))
+                rows.append((EngineId(sc.endpoint), sc.exposition.endpoint, False, sc.role))
             for eid, snap, is_engine, role in rows:
                 interval = None
                 if eid not in self.baselines and self._prev_poll is not None:
@@ -178,8 +151,8 @@ class FleetState:
         scrapes: Sequence[ScrapeResult],
         *,
         inputs: list[EngineInput] | None = None,
-        deltas: dict[str, EngineDelta] | None = None,
-        restarts: Sequence[str] = (),
+        deltas: dict[EngineId, EngineDelta] | None = None,
+        restarts: Sequence[EngineId] = (),
     ) -> PollResult:
         """Merge reduced parts (one, or one per shard) into this poll's statistics and keys."""
         for sc in scrapes:
@@ -206,11 +179,10 @@ class FleetState:
         return result
 
     def _scope_base(self, scope: str) -> str:
-        opts = self.key_options
-        if opts.schema == "skyrl":
-            base = opts.prefix or "vllm"
-            return f"{base}/" if scope == "agg" else f"{base}/{scope}/"
-        return f"{opts.prefix or 'inference'}/{scope}/"
+        base = key_prefix(self.key_options)
+        if self.key_options.schema == "skyrl" and scope == "agg":
+            return f"{base}/"
+        return f"{base}/{scope}/"
 
     def _health_keys(self, scrapes: Sequence[ScrapeResult], stats: PollStats) -> dict[str, float]:
         """engines_reporting, scrape failures and latency: the loss is visible every poll."""
@@ -236,6 +208,3 @@ class FleetState:
         out[base + "scrape_failures_total"] = float(sum(self.scrape_failures_total.values()))
         out[base + "engine_restarts_total"] = float(sum(self.restarts.values()))
         return out
-
-    def engine_roles(self) -> Mapping[str, Role | None]:
-        return dict(self.roles)

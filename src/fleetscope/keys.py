@@ -18,7 +18,8 @@ from typing import Literal
 
 import numpy as np
 
-from fleetscope.stats.reduce import DECODE_ONLY_METRICS, PollStats
+from fleetscope.catalog import DECODE_ONLY_METRICS
+from fleetscope.stats.reduce import PollStats
 
 Schema = Literal["prime-rl", "skyrl"]
 
@@ -68,6 +69,18 @@ class KeyOptions:
     prefix: str | None = None  # default: "inference" (prime-rl) / "vllm" (skyrl)
     key_budget: int = DEFAULT_KEY_BUDGET
     window: str | None = None  # skyrl: "train" / "eval" inserted after the prefix
+
+
+def key_prefix(options: KeyOptions) -> str:
+    """The first key segment: the user's prefix, else ``inference`` (prime-rl) / ``vllm``."""
+    return options.prefix or ("vllm" if options.schema == "skyrl" else "inference")
+
+
+def summary_prefix(options: KeyOptions) -> str:
+    """The first segment of run-summary keys."""
+    if options.schema == "skyrl":
+        return "vllm_correct_aggregate"
+    return key_prefix(options) + "_summary"
 
 
 def _finite(v: float) -> bool:
@@ -140,7 +153,7 @@ def engine_keys(
     rows = (
         range(len(stats.engine_ids))
         if engines is None
-        else [stats.engine_ids.index(e) for e in engines if e in stats.engine_ids]
+        else [stats.row_of[e] for e in engines if e in stats.row_of]
     )
     mat = stats.matrix
     for i in rows:
@@ -262,13 +275,8 @@ def skyrl_keys(
 def poll_keys(stats: PollStats, options: KeyOptions = KeyOptions()) -> dict[str, float]:
     """All keys of one poll under the chosen schema."""
     if options.schema == "skyrl":
-        return skyrl_keys(stats, options.prefix or "vllm", options.window)
-    return prime_rl_keys(stats, options.prefix or "inference", options.key_budget)
-
-
-def flatten(keys: Mapping[str, float]) -> dict[str, float]:
-    """Drop non-finite values (trackers chart numbers)."""
-    return {k: v for k, v in keys.items() if _finite(v)}
+        return skyrl_keys(stats, key_prefix(options), options.window)
+    return prime_rl_keys(stats, key_prefix(options), options.key_budget)
 
 
 # ----------------------------------------------------------------------------- windows

@@ -1,16 +1,16 @@
-"""Sharded collection on Ray: collector actors scrape shards, the driver merges exact parts.
+"""Sharded scraping on Ray: shard actors scrape and parse, the driver runs the one pipeline.
 
-Each shard actor owns a contiguous slice of the endpoints, their parsers and baselines. Per poll
-it scrapes, computes per-engine deltas and returns a :class:`~fleetscope.stats.reduce.Partial`:
-per-engine metric rows (what min / max / median / mean need), the increases and ratio parts
-behind rates and pooled values, and per-scope histogram bucket sums. The driver merges the parts
-in endpoint order and finishes the reduction, so it logs exactly the keys one collector would
-log for the same scrapes. Parsing — the CPU-heavy part — runs in the actors, in parallel.
+A :class:`ShardedSource` is a :class:`~fleetscope.sources.base.Source` whose endpoints are split
+over ``shards`` Ray actors. Each shard runs an :class:`~fleetscope.sources.http.HttpSource`
+built from the collector's whole :class:`~fleetscope.config.CollectorConfig` (headers, TLS,
+body cap, timeouts, role discovery, model info: nothing can be dropped) and returns each poll's
+snapshots compactly: a layout is sent once per shard, then only values travel. The driver turns
+them back into the same :class:`~fleetscope.sources.base.ScrapeResult` values an HTTP source
+gives, so deltas, windows, the run summary, health and keys are exactly one collector's.
+Parsing, the CPU-heavy part, runs in the actors, in parallel.
 
-Windows and the run summary are split the same way: each shard attributes its engines' deltas
-to its own copy of the windows (its own clock for coverage), and at a window's stop (and at the
-end of the run) the driver adds the shards' per-engine sums to the polls, seconds and failed
-scrapes it counted itself. Window keys and the summary are then what one collector logs.
+Shards may run on other nodes: their monotonic clocks are translated to the driver's with one
+fixed offset per shard (measured at its first reply), so intervals stay exact.
 """
 
 from __future__ import annotations
@@ -18,119 +18,91 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from fleetscope.collector import (
-    PREEMPTIONS,
-    Collector,
-    counter_increase,
-    discover_roles,
-    endpoint_left,
-    fetch_model_info,
-    note_scrapes,
-)
-from fleetscope.exposition import Exposition
-from fleetscope.fleet import FleetState, PollResult, ScrapeResult, endpoint_of
-from fleetscope.sources.http import Endpoint, HttpSource
-from fleetscope.stats.reduce import Partial, partial_reduce
-from fleetscope.windows import Accumulator, Window, WindowSet
+import numpy as np
 
-_EMPTY = Exposition({}, None, {})
+from fleetscope.collector import Collector
+from fleetscope.config import CollectorConfig
+from fleetscope.exposition import Exposition
+from fleetscope.identity import Role
+from fleetscope.snapshot import EngineLayout, EngineSnapshot
+from fleetscope.sources._membership import Endpoint, EndpointSet
+from fleetscope.sources.base import Departure, ScrapeResult
+from fleetscope.sources.http import HttpSource
+
+# (label, layout token, values, process start) of one engine, "" label = the endpoint's row
+_Packed = tuple[str, str, np.ndarray, float | None]
 
 
 class ShardWorker:
     """The body of one shard actor (plain class; wrapped with ``ray.remote`` on demand)."""
 
-    def __init__(
-        self,
-        endpoints: list[dict[str, Any]],
-        timeout: float,
-        max_concurrency: int,
-        discover: bool = True,
-        model_info: bool = True,
-    ):
-        self.endpoints = [Endpoint(**e) for e in endpoints]
-        self.source = HttpSource(timeout=timeout, max_concurrency=max_concurrency)
-        self.discover = discover
-        self.model_info = model_info
-        self._role_checked = {e.name for e in self.endpoints if e.role}
-        self.state = FleetState()
-        # this shard's engines in every window; polls and seconds are the driver's to count
-        self.windows = WindowSet()
-        self._now = time.monotonic()
-        self._times: dict[str, float] = {}  # engine -> its scrape time in the last poll
-        self._scrape_times: dict[str, float] = {}  # endpoint -> its last scrape time
-        self._joined: set[str] = set()  # added, not scraped yet
+    def __init__(self, index: int, endpoints: list[dict[str, Any]], config: CollectorConfig):
+        self.index = index
+        self.config = config
+        self.source = HttpSource([Endpoint(**e) for e in endpoints], **config.http_options())
+        self._tokens: dict[int, str] = {}  # id(layout) -> token already sent
+        self._kept: list[EngineLayout] = []  # keeps sent layouts alive (their ids stay theirs)
+
+    def settings(self) -> dict[str, Any]:
+        """What this shard's HTTP source was built with (for checks and diagnostics)."""
+        src = self.source
+        return {
+            "timeout": src.timeout,
+            "max_body_bytes": src.max_body_bytes,
+            "headers": dict(src._headers),
+            "verify": src._verify,
+            "discover_roles": src.discover_roles,
+            "fetch_model_info": src.fetch_model_info,
+            "group_by_model": self.config.group_by_model,
+        }
 
     def change(self, add: list[dict[str, Any]], remove: list[str]) -> None:
-        """The driver's fleet changes for this shard, before its next poll."""
-        for name in remove:
-            self.endpoints = [e for e in self.endpoints if e.name != name]
-            endpoint_left(
-                name, self.state, self.source, self.windows, self._scrape_times, self._role_checked
-            )
-            self._joined.discard(name)
-        for d in add:
-            ep = Endpoint(**d)
-            self.endpoints.append(ep)
-            self._joined.add(ep.name)
-            if ep.role:
-                self._role_checked.add(ep.name)
+        """The driver's fleet changes for this shard (named there), before its next poll."""
+        if remove:
+            self.source.remove_endpoints(*remove)
+        if add:
+            self.source.add_endpoints(*(Endpoint(**d) for d in add))
 
-    async def poll(
-        self,
-    ) -> tuple[
-        Partial, list[ScrapeResult], list[str], dict[str, float | None], dict[str, int | None]
-    ]:
-        scrapes = await self.source.scrape_all(self.endpoints)
-        note_scrapes(scrapes, self._scrape_times, self._joined, self.windows)
-        self._joined.clear()
-        if self.discover:  # roles travel to the driver on the scrapes and the reduced rows
-            scrapes = await discover_roles(self.source, self.endpoints, scrapes, self._role_checked)
-        if self.model_info:
-            await fetch_model_info(self.source, self.endpoints, scrapes)
-        inputs, deltas, restarts = await asyncio.to_thread(self.state.fold, scrapes)
-        # what the driver's FleetView needs per engine and cannot compute without deltas
-        preemptions = {e: counter_increase(d, PREEMPTIONS) for e, d in deltas.items()}
-        self._now = time.monotonic()
-        self._times = {i.engine_id: i.delta.current.time for i in inputs if i.is_engine}
-        await asyncio.to_thread(self.windows.attribute, inputs, now=self._now)
-        part = await asyncio.to_thread(partial_reduce, inputs)
-        # the driver needs each scrape's outcome, not its snapshots
-        meta = [
-            ScrapeResult(
-                sc.endpoint,
-                _EMPTY if sc.ok else None,
-                sc.time,
-                sc.wall_time,
-                sc.latency,
-                sc.error,
-                sc.role,
-                sc.groups,
-            )
-            for sc in scrapes
-        ]
-        return part, meta, restarts, preemptions, dict(self.source.max_model_len)
+    def _token(self, layout: EngineLayout, new: dict[str, EngineLayout]) -> str:
+        tok = self._tokens.get(id(layout))
+        if tok is None:
+            tok = self._tokens[id(layout)] = f"{self.index}:{len(self._tokens)}"
+            self._kept.append(layout)
+            new[tok] = layout
+        return tok
 
-    # Accumulators travel as pickles (numpy arrays; a layout shared by many engines once):
-    # ~40x cheaper than their JSON-able state_dict (measured at 100 engines: 7.5 vs 290 ms).
-
-    def window(self, action: str, label: str) -> Accumulator | None:
-        """The driver's window boundary, at this shard's last poll (the boundary poll);
-        returns the window's sums at ``stop``."""
-        w = getattr(self.windows, action)(label, self._now, self._times)
-        return w.acc if action == "stop" else None
-
-    def run_state(self) -> dict[str, Accumulator]:
-        """Every run label's per-engine sums so far (stopped windows, ``idle``, ``combined``)."""
-        return dict(self.windows.run)
-
-    def finish(self) -> dict[str, Accumulator]:
-        """The end of the run: stop open windows; every run label's per-engine sums."""
-        self.windows.stop_all(self._now, self._times)
-        return dict(self.windows.run)
+    async def poll(self) -> dict[str, Any]:
+        scrapes = await self.source.scrape()
+        new: dict[str, EngineLayout] = {}
+        packed = []
+        for sc in scrapes:
+            engines: list[_Packed] | None = None
+            types: Mapping[str, str] = {}
+            if sc.exposition is not None:
+                expo = sc.exposition
+                types = expo.types
+                engines = [
+                    (label, self._token(s.layout, new), s.data, s.process_start)
+                    for label, s in expo.items()
+                ]
+                if expo.endpoint is not None:
+                    s = expo.endpoint
+                    engines.append(("", self._token(s.layout, new), s.data, s.process_start))
+            meta = {k: getattr(sc, k) for k in sc.__slots__ if k != "exposition"}  # type: ignore[attr-defined]
+            meta["engine_roles"] = dict(sc.engine_roles)
+            packed.append((meta, engines, dict(types)))
+        return {
+            "scrapes": packed,
+            "layouts": new,
+            "roles": {e.name: e.role for e in self.source.endpoints},
+            "max_model_len": dict(self.source.max_model_len),
+            "departures": [(d.endpoint, d.time) for d in self.source.take_departures()],
+            "now": time.monotonic(),
+        }
 
     async def close(self) -> None:
         await self.source.aclose()
@@ -148,81 +120,64 @@ def shard_endpoints(endpoints: Sequence[Endpoint], shards: int) -> list[list[End
     return out
 
 
-class ShardedCollector(Collector):
-    """A :class:`Collector` whose scraping and per-engine work runs in ``shards`` Ray actors.
-
-    Needs ``ray`` (``pip install "fleetscope[ray]"``) and an initialised Ray (``ray.init``).
-    ``actor_options`` go to ``.options()`` of each shard actor (``num_cpus``, scheduling...).
-
-    Windows and the run summary give the same keys as one collector's (the shards' per-engine
-    sums are gathered at each window's stop, at ``summary()``, ``state_dict()`` and at the end
-    of the run). Roles are discovered by the shards, as one collector does.
-    """
+class ShardedSource:
+    """Endpoints scraped by Ray shard actors (see the module doc). Needs an initialised Ray."""
 
     def __init__(
         self,
         endpoints: Sequence[str | Endpoint],
         *,
         shards: int = 4,
-        actor_options: dict[str, Any] | None = None,
-        max_concurrency: int = 64,
-        **kwargs: Any,
+        config: CollectorConfig | None = None,
+        actor_options: Mapping[str, Any] | None = None,
     ):
-        super().__init__(endpoints, max_concurrency=max_concurrency, **kwargs)
         import ray
 
-        self._seen: dict[str, None] = {}  # engine ids reported so far, in order
-        self._gathered = False  # the run's end merged the shards' sums into ours
-        remote_cls = ray.remote(ShardWorker)
-        parts = shard_endpoints(self.endpoints, shards)
-        parts += [[] for _ in range(max(1, shards) - len(parts))]  # room for endpoints added later
+        self.config = config or CollectorConfig()
+        self.members = EndpointSet(endpoints)
+        parts = shard_endpoints(self.members.endpoints, shards)
+        parts += [[] for _ in range(max(1, shards) - len(parts))]  # room for later additions
         self._owner = {e.name: i for i, part in enumerate(parts) for e in part}
+        remote_cls = ray.remote(ShardWorker)
         opts = {"num_cpus": 0, **(actor_options or {})}
         self.shards = [
-            remote_cls.options(**opts).remote(
-                [_endpoint_dict(e) for e in part],
-                self.timeout,
-                max_concurrency,
-                self.discover_roles,
-                self.fetch_model_info,
-            )
-            for part in parts
+            remote_cls.options(**opts).remote(i, [_endpoint_dict(e) for e in part], self.config)
+            for i, part in enumerate(parts)
         ]
+        self._layouts: dict[str, EngineLayout] = {}
+        self._offsets: dict[int, float] = {}
+        self._departures: list[Departure] = []
+        self.max_model_len: dict[str, int | None] = {}
 
-    async def _collect(self) -> PollResult:
-        await self._send_fleet_changes()
-        replies = await asyncio.gather(*(s.poll.remote() for s in self.shards))
-        partials = [r[0] for r in replies]
-        scrapes = [sc for r in replies for sc in r[1]]
-        restarts = [x for r in replies for x in r[2]]
-        for r in restarts:
-            self.state.restarts[r] = self.state.restarts.get(r, 0) + 1
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(
-            self.source._pool,
-            lambda: self.state.finish(partials, scrapes, restarts=restarts),
-        )
-        for _, _, _, preemptions, model_lens in replies:
-            result.preemptions.update(preemptions)
-            self.source.max_model_len.update(model_lens)  # the FleetView reads it there
-        stats = result.stats
-        self._seen.update(
-            (e, None) for e, is_eng in zip(stats.engine_ids, stats.is_engine, strict=True) if is_eng
-        )
-        return result
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return self.members.endpoints
 
-    async def _send_fleet_changes(self) -> None:
-        """Pending additions go to the shard with the fewest endpoints, removals to the shard
-        that owns them; each shard applies them before this poll's scrape."""
-        added, removed = self._take_fleet_changes()
+    def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
+        return self.members.add(*endpoints)
+
+    def remove_endpoints(self, *endpoints: str | Endpoint) -> list[str]:
+        return self.members.remove(*endpoints)
+
+    def set_endpoints(
+        self, endpoints: Sequence[str | Endpoint]
+    ) -> tuple[list[Endpoint], list[str]]:
+        return self.members.set(endpoints)
+
+    def take_departures(self) -> list[Departure]:
+        out, self._departures = self._departures, []
+        return out
+
+    async def _send_changes(self) -> None:
+        """Removals go to the shard that owns them, additions to the emptiest shard."""
+        added, removed = self.members.apply()
         if not (added or removed):
             return
         changes: dict[int, tuple[list[dict[str, Any]], list[str]]] = {}
         for name in removed:
             i = self._owner.pop(name)
             changes.setdefault(i, ([], []))[1].append(name)
-            self._seen = {e: None for e in self._seen if endpoint_of(e) != name}
-            self.state.forget_endpoint(name)  # the driver holds its role, not its baselines
+            self.max_model_len.pop(name, None)
         load = [0] * len(self.shards)
         for i in self._owner.values():
             load[i] += 1
@@ -235,90 +190,119 @@ class ShardedCollector(Collector):
             *(self.shards[i].change.remote(add, rm) for i, (add, rm) in changes.items())
         )
 
-    def _known_engines(self) -> Iterable[str]:
-        return list(self._seen)  # the baselines are in the shards
-
-    async def _window_action(
-        self, action: str, label: str, now: float, times: Mapping[str, float]
-    ) -> Window:
-        parts = await asyncio.gather(*(s.window.remote(action, label) for s in self.shards))
-        w = await super()._window_action(action, label, now, times)
-        for part in parts:
-            if part is not None:  # stop: the engines' sums, each shard's own
-                w.acc.merge_engines(part)
-        return w
-
-    async def _close_windows(self) -> None:
-        runs = await asyncio.gather(
-            *(asyncio.wait_for(s.finish.remote(), self.timeout * 4) for s in self.shards),
+    async def scrape(self) -> list[ScrapeResult]:
+        await self._send_changes()
+        replies = await asyncio.gather(
+            *(asyncio.wait_for(_ref(s.poll.remote()), self.config.timeout * 4) for s in self.shards),
             return_exceptions=True,
         )
-        await super()._close_windows()
-        self._gathered = True
-        # the run labels' per-engine sums live in the shards; polls and seconds are ours
-        for i, run in enumerate(runs):
-            if isinstance(run, BaseException):  # the summary goes out without that shard
-                self._warner.warn(f"shard-finish:{i}", f"shard {i} gave no run summary: {run!r}")
+        received = time.monotonic()
+        by_name: dict[str, ScrapeResult] = {}
+        for i, reply in enumerate(replies):
+            if isinstance(reply, BaseException):
+                by_name.update(self._shard_failed(i, reply))
                 continue
-            for label, part in run.items():
-                acc = self.windows.run.get(label)
-                if acc is not None:
-                    acc.merge_engines(part)
+            offset = self._offsets.setdefault(i, received - reply["now"])
+            self._layouts.update(reply["layouts"])
+            self.max_model_len.update(reply["max_model_len"])
+            for name, role in reply["roles"].items():
+                self._note_role(name, role)
+            for name, t in reply["departures"]:
+                if name in self._owner:
+                    continue  # re-added since
+                self._departures.append(
+                    Departure(endpoint=name, time=None if t is None else t + offset)
+                )
+            for meta, engines, types in reply["scrapes"]:
+                sc = self._unpack(meta, engines, types, offset)
+                by_name[sc.endpoint] = sc
+        # in the endpoints' order: rows, and every float sum over them, as one collector's
+        return [by_name[e.name] for e in self.endpoints if e.name in by_name]
 
-    def summary(self) -> dict[str, float | str]:
-        """The run summary. Before the collector stops, the shards are asked for their
-        per-engine sums (a blocking Ray call: in async code use :meth:`asummary`)."""
-        if self._gathered or not self.shards:
-            return super().summary()  # the shards' sums were gathered at the end of the run
-        return self._summary_of(self._run_with(self._shard_runs_blocking()))
+    def _unpack(
+        self,
+        meta: dict[str, Any],
+        engines: list[_Packed] | None,
+        types: Mapping[str, str],
+        offset: float,
+    ) -> ScrapeResult:
+        t = meta["time"] + offset
+        expo = None
+        if engines is not None:
+            snaps: dict[str, EngineSnapshot] = {}
+            endpoint_row = None
+            for label, tok, data, pstart in engines:
+                snap = EngineSnapshot(
+                    label, self._layouts[tok], data, t, meta["wall_time"], pstart
+                )
+                if label == "":
+                    endpoint_row = snap
+                else:
+                    snaps[label] = snap
+            expo = Exposition(snaps, endpoint_row, types)
+        return ScrapeResult(**{**meta, "time": t, "exposition": expo})
 
-    async def asummary(self) -> dict[str, float | str]:
-        if self._gathered or not self.shards:
-            return super().summary()
-        runs = await asyncio.gather(*(s.run_state.remote() for s in self.shards))
-        return self._summary_of(self._run_with(runs))
+    def _shard_failed(self, i: int, error: BaseException) -> dict[str, ScrapeResult]:
+        """A shard that did not answer: its endpoints' scrapes failed this poll."""
+        now, wall = time.monotonic(), time.time()
+        return {
+            name: ScrapeResult(name, None, now, wall, error=f"shard {i} failed: {error!r}")
+            for name, owner in self._owner.items()
+            if owner == i
+        }
 
-    def _shard_runs_blocking(self) -> list[dict[str, Accumulator]]:
-        import ray
+    def _note_role(self, name: str, role: Role | None) -> None:
+        current = next((e for e in self.members.endpoints if e.name == name), None)
+        if current is not None and role is not None and current.role != role:
+            self.members.update(name, role=role)
 
-        return ray.get([s.run_state.remote() for s in self.shards], timeout=self.timeout * 4)
-
-    def _run_with(self, runs: list[dict[str, Accumulator]]) -> dict[str, Accumulator]:
-        """Copies of the driver's run labels (polls, seconds) with the shards' engines."""
-        out = {}
-        for label, acc in self.windows.run.items():
-            merged = Accumulator(label)
-            merged.merge(acc)
-            for run in runs:
-                if label in run:
-                    merged.merge_engines(run[label])
-            out[label] = merged
-        return out
-
-    def state_dict(self) -> dict:
-        """As :meth:`Collector.state_dict`, with the shards' per-engine sums merged in (a
-        blocking Ray call). Loads into a sharded or a plain collector alike."""
-        state = super().state_dict()
-        if self.shards and not self._gathered:
-            merged = self._run_with(self._shard_runs_blocking())
-            state["windows"] = {
-                **state["windows"],
-                "run": {label: acc.state_dict() for label, acc in merged.items()},
-            }
-        return state
-
-    # load_state_dict is Collector's: the saved sums go to the driver's run labels, and the
-    # shards' new sums are added to them (at summary() and at the end of the run)
-
-    async def stop(self, status: str | None = None, *, timeout: float = 30.0) -> None:
-        await super().stop(status, timeout=timeout)
+    async def aclose(self) -> None:
         import ray
 
         for s in self.shards:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(s.close.remote(), timeout=5)
-            ray.kill(s)
+                await asyncio.wait_for(_ref(s.close.remote()), timeout=5)
+            with contextlib.suppress(Exception):
+                ray.kill(s)
         self.shards = []
+
+    async def settings(self) -> list[dict[str, Any]]:
+        """Every shard's HTTP settings (what it was really built with)."""
+        return list(await asyncio.gather(*(_ref(s.settings.remote()) for s in self.shards)))
+
+
+class ShardedCollector(Collector):
+    """A :class:`Collector` whose scraping and parsing run in ``shards`` Ray actors.
+
+    Needs ``ray`` (``pip install "fleetscope[ray]"``) and an initialised Ray (``ray.init``).
+    ``actor_options`` go to ``.options()`` of each shard actor (``num_cpus``, scheduling...).
+    Every other option is a :class:`~fleetscope.config.CollectorConfig` field, and every shard
+    receives the whole config.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str | Endpoint],
+        *,
+        shards: int = 4,
+        actor_options: dict[str, Any] | None = None,
+        config: CollectorConfig | None = None,
+        sinks: Sequence[Any] = (),
+        on_poll: Any = None,
+        **options: Any,
+    ):
+        cfg = (config or CollectorConfig()).with_options(**options)
+        source = ShardedSource(endpoints, shards=shards, config=cfg, actor_options=actor_options)
+        super().__init__(source=source, config=cfg, sinks=sinks, on_poll=on_poll)
+        self.sharded = source
+
+    @property
+    def shards(self) -> list[Any]:
+        return self.sharded.shards
+
+
+async def _ref(ref: Any) -> Any:
+    return await ref
 
 
 def _endpoint_dict(e: Endpoint) -> dict[str, Any]:

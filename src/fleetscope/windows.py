@@ -5,28 +5,21 @@ of each active window; deltas that arrive while no window is active go to the ``
 so nothing is lost (tokens produced between two windows show up under ``idle``). The run's
 ``combined`` label receives every delta once: it is the exact total of the whole run.
 
-A window's totals are exact for every engine and series it covers: a failed scrape only moves
-that engine's delta to its next success (which still lands in the window if it is still open),
-a reset only restarts that series from 0. Coverage (engine-seconds covered / expected) reports
-what a failure cost. Rates divide by the window's *active* seconds (pauses excluded);
-quantiles pool the window's bucket deltas; gauges get a time-weighted mean and a peak.
-
-Pure bookkeeping: the collector supplies the clock readings and the polls.
+A window's totals are exact for every engine and series it covers (see
+:mod:`fleetscope.accumulate`); pure bookkeeping: the collector supplies clock readings and polls.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
+from fleetscope.accumulate import Accumulator
+from fleetscope.identity import EngineId
+from fleetscope.stats.reduce import EngineInput
 
-from fleetscope.exposition import Parser
-from fleetscope.fleet import endpoint_of
-from fleetscope.snapshot import EngineLayout, EngineSnapshot, render_layout
-from fleetscope.stats.deltas import EngineDelta
-from fleetscope.stats.reduce import EngineInput, PollStats, Role, reduce_poll
+__all__ = ["COMBINED", "IDLE", "Accumulator", "Window", "WindowError", "WindowSet"]
 
 IDLE = "idle"
 COMBINED = "combined"
@@ -36,454 +29,27 @@ class WindowError(RuntimeError):
     """A window used out of order (pause before start, stop twice, ...)."""
 
 
-@dataclass
-class _EngineSum:
-    layout: EngineLayout
-    current: EngineSnapshot
-    delta: np.ndarray  # summed per-slot increases (NaN: unknown for this window)
-    covered: float = 0.0  # engine-seconds with deltas
-    gauge_area: np.ndarray | None = None  # sum of value * seconds per slot (gauges)
-    gauge_seconds: np.ndarray | None = None
-    gauge_peak: np.ndarray | None = None
-    role: Role | None = None
-    groups: tuple[str, ...] = ()
-    is_engine: bool = True
-    restarts: int = 0
-    # sums of series missing from the current layout, by slot id: (delta, gauge area, gauge
-    # seconds, gauge peak). A series that blinks out (after a restart, multiprocess-mode gauges
-    # and lazily created children are absent until first used) keeps what it summed so far
-    # and gets it back when it returns.
-    retired: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
-
-    def realign(self, layout: EngineLayout) -> None:
-        """Carry sums over to a new layout of the same engine (series come and go)."""
-        if layout is self.layout:
-            return
-        old = self.layout.index
-        new = layout.index
-        for sid, i in old.items():
-            if sid not in new:
-                self._retire(sid, i)
-        idx = np.array([old.get(s, -1) for s in layout.slot_ids], dtype=np.intp)
-        have = idx >= 0
-
-        def move(arr: np.ndarray | None, fill: float) -> np.ndarray | None:
-            if arr is None:
-                return None
-            out = np.full(len(layout.slot_ids), fill)
-            out[have] = arr[idx[have]]
-            return out
-
-        self.delta = move(self.delta, 0.0)  # a new series had nothing before it appeared
-        self.gauge_area = move(self.gauge_area, 0.0)
-        self.gauge_seconds = move(self.gauge_seconds, 0.0)
-        self.gauge_peak = move(self.gauge_peak, np.nan)
-        self.layout = layout
-        for sid in [sid for sid in self.retired if sid in new]:
-            self._restore(sid, new[sid])
-
-    def _retire(self, sid: str, i: int) -> None:
-        def at(arr: np.ndarray | None, fill: float) -> float:
-            return fill if arr is None else float(arr[i])
-
-        vals = (
-            at(self.delta, 0.0),
-            at(self.gauge_area, 0.0),
-            at(self.gauge_seconds, 0.0),
-            at(self.gauge_peak, math.nan),
-        )
-        if vals[0] == 0 and vals[1] == 0 and vals[2] == 0 and math.isnan(vals[3]):
-            return  # nothing summed: nothing to keep
-        self.retired[sid] = _combine(self.retired.get(sid), vals)
-
-    def _restore(self, sid: str, j: int) -> None:
-        d, area, secs, peak = self.retired.pop(sid)
-        self.delta[j] += d
-        if area or secs or not math.isnan(peak):
-            if self.gauge_area is None:
-                n = len(self.layout.slot_ids)
-                self.gauge_area, self.gauge_seconds = np.zeros(n), np.zeros(n)
-                self.gauge_peak = np.full(n, np.nan)
-            assert self.gauge_seconds is not None and self.gauge_peak is not None
-            self.gauge_area[j] += area
-            self.gauge_seconds[j] += secs
-            self.gauge_peak[j] = np.fmax(self.gauge_peak[j], peak)
-
-
-def _combine(
-    a: tuple[float, float, float, float] | None, b: tuple[float, float, float, float]
-) -> tuple[float, float, float, float]:
-    if a is None:
-        return b
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], float(np.fmax(a[3], b[3])))
-
-
-class Accumulator:
-    """Exact per-engine sums over a set of polls (one window, or one label over the run)."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.engines: dict[str, _EngineSum] = {}
-        self.active_seconds = 0.0
-        self.polls = 0
-        self.failed_scrapes = 0
-        self.engine_restarts = 0
-        # windows: engine-seconds each engine should have covered, from boundary to boundary
-        self.expected: dict[str, float] = {}
-        self._open: dict[str, float] | None = None
-        self._open_default = 0.0
-        # endpoints added or removed while the span is open: expected time starts at an added
-        # endpoint's first scrape and ends at a removed one's last, not at the boundaries
-        self._joined: dict[str, float] = {}
-        self._left: set[str] = set()  # engines whose expected time is already counted
-
-    def add(
-        self,
-        inputs: Iterable[EngineInput],
-        *,
-        failed_scrapes: int = 0,
-    ) -> None:
-        self.polls += 1
-        self.failed_scrapes += failed_scrapes
-        for inp in inputs:
-            d = inp.delta
-            acc = self.engines.get(inp.engine_id)
-            if acc is None:
-                acc = self.engines[inp.engine_id] = _EngineSum(
-                    d.layout,
-                    d.current,
-                    np.zeros(len(d.current.data)),
-                    role=inp.role,
-                    groups=inp.groups,
-                    is_engine=inp.is_engine,
-                )
-            else:
-                acc.realign(d.layout)
-                acc.current = d.current
-            if d.baseline_only:
-                continue
-            if d.started and self._open is not None and inp.engine_id not in self._open:
-                # a new process (a scale-up, a restarted Ray actor's new worker): it did not
-                # exist before its interval, so nothing earlier is expected of it
-                self._open[inp.engine_id] = d.current.time - d.seconds
-                self._left.discard(inp.engine_id)
-            acc.delta = acc.delta + np.where(np.isnan(d.delta), _nan_or_zero(d), d.delta)
-            acc.covered += d.seconds
-            if d.restarted:
-                acc.restarts += 1
-                if inp.is_engine:  # an endpoint's own row restarts with its engines
-                    self.engine_restarts += 1
-            gslots = _gauge_slots(d.layout)
-            if len(gslots):
-                if acc.gauge_area is None:
-                    n = len(d.current.data)
-                    acc.gauge_area = np.zeros(n)
-                    acc.gauge_seconds = np.zeros(n)
-                    acc.gauge_peak = np.full(n, np.nan)
-                v = d.current.data[gslots]
-                ok = ~np.isnan(v)
-                acc.gauge_area[gslots[ok]] += v[ok] * d.seconds
-                acc.gauge_seconds[gslots[ok]] += d.seconds
-                acc.gauge_peak[gslots[ok]] = np.fmax(acc.gauge_peak[gslots[ok]], v[ok])
-
-    def add_seconds(self, seconds: float) -> None:
-        self.active_seconds += max(0.0, seconds)
-
-    def merge(self, other: Accumulator) -> None:
-        """Add another accumulator's sums (a finished window into its run label)."""
-        self.polls += other.polls
-        self.failed_scrapes += other.failed_scrapes
-        self.engine_restarts += other.engine_restarts
-        self.active_seconds += other.active_seconds
-        self.merge_engines(other)
-
-    def merge_engines(self, other: Accumulator) -> None:
-        """Add another accumulator's per-engine sums and expected seconds, not its polls or
-        seconds (a shard's part of a window whose polls the driver counted)."""
-        for e, v in other.expected.items():
-            self.expected[e] = self.expected.get(e, 0.0) + v
-        for eid, o in other.engines.items():
-            acc = self.engines.get(eid)
-            if acc is None:
-                self.engines[eid] = _copy(o)
-                continue
-            acc.realign(o.layout)
-            acc.current = o.current
-            o2 = _copy(o)
-            o2.realign(acc.layout)
-            acc.delta = acc.delta + o2.delta
-            acc.covered += o2.covered
-            acc.restarts += o2.restarts
-            for sid, vals in o2.retired.items():  # absent from both layouts
-                acc.retired[sid] = _combine(acc.retired.get(sid), vals)
-            if o2.gauge_area is not None:
-                if acc.gauge_area is None:
-                    acc.gauge_area = o2.gauge_area.copy()
-                    acc.gauge_seconds = o2.gauge_seconds.copy()
-                    acc.gauge_peak = o2.gauge_peak.copy()
-                else:
-                    acc.gauge_area += o2.gauge_area
-                    acc.gauge_seconds += o2.gauge_seconds
-                    acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
-
-    # ------------------------------------------------------------------ results
-
-    def open_span(self, now: float, times: Mapping[str, float]) -> None:
-        """A window opens (start / resume): each engine's own scrape time at that boundary."""
-        self._open = dict(times)
-        self._open_default = now
-        self._joined = {}
-        self._left = set()
-
-    def _span_start(self, engine: str) -> float:
-        assert self._open is not None
-        if engine in self._open:
-            return self._open[engine]
-        return self._joined.get(endpoint_of(engine), self._open_default)
-
-    def endpoint_joins(self, endpoint: str, time: float) -> None:
-        """An endpoint was added to the fleet, first scraped at ``time``."""
-        if self._open is None:
-            return
-        self._joined[endpoint] = time
-        for e in [e for e in self._left if endpoint_of(e) == endpoint]:
-            self._left.discard(e)
-            self._open.pop(e, None)
-
-    def endpoint_leaves(self, endpoint: str, time: float) -> None:
-        """An endpoint was removed from the fleet, last scraped at ``time``: its engines are
-        expected up to there and no further."""
-        if self._open is None:
-            return
-        for e in self._span_engines({}):
-            if endpoint_of(e) == endpoint:
-                self.engine_leaves(e, time)
-
-    def engine_leaves(self, engine: str, time: float) -> None:
-        """An engine is gone for good (a restarted Ray actor's old worker), last scraped at
-        ``time``: expected up to there."""
-        if self._open is None or engine in self._left:
-            return
-        self.expected[engine] = self.expected.get(engine, 0.0) + max(
-            0.0, time - self._span_start(engine)
-        )
-        self._left.add(engine)
-
-    def _span_engines(self, times: Mapping[str, float]) -> set[str]:
-        assert self._open is not None
-        engines = set(self._open) | set(times) | {e for e, a in self.engines.items() if a.is_engine}
-        return engines - self._left
-
-    def close_span(self, now: float, times: Mapping[str, float]) -> None:
-        """A window closes (pause / stop): every engine should have been covered from its time
-        at the opening boundary to its time at this one (the boundary's time if it did not
-        answer, so a failed last scrape shows as missing coverage)."""
-        if self._open is None:
-            return
-        for e in self._span_engines(times):
-            end = times.get(e, now)
-            self.expected[e] = self.expected.get(e, 0.0) + max(0.0, end - self._span_start(e))
-        self._open = None
-        self._joined = {}
-        self._left = set()
-
-    def coverage(self) -> float | None:
-        """Engine-seconds with exact deltas / engine-seconds the interval should cover."""
-        engines = {e: a for e, a in self.engines.items() if a.is_engine}
-        if self.expected:
-            want = sum(self.expected.values())
-            got = sum(min(a.covered, self.expected.get(e, 0.0)) for e, a in engines.items())
-            return None if want <= 0 else round(min(1.0, got / want), 12)
-        if not engines or self.active_seconds <= 0:
-            return None
-        covered = sum(a.covered for a in engines.values())
-        return min(1.0, covered / (len(engines) * self.active_seconds))
-
-    def stats(self, prefixes: Iterable[str] | None = None) -> PollStats | None:
-        """Reduce the sums: totals (``delta``), rates over active seconds, pooled ratios and
-        quantiles, and time-weighted gauges (the gauge columns hold each engine's
-        time-weighted mean; ``peak`` is added per scope)."""
-        if not self.engines:
-            return None
-        seconds = self.active_seconds
-        inputs = []
-        for eid, a in self.engines.items():
-            data = a.current.data.copy()
-            gslots = _gauge_slots(a.layout)
-            if a.gauge_area is not None and len(gslots):
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    tw = a.gauge_area[gslots] / a.gauge_seconds[gslots]
-                data[gslots] = np.where(a.gauge_seconds[gslots] > 0, tw, data[gslots])
-            snap = EngineSnapshot(eid, a.layout, data, a.current.time, a.current.wall_time)
-            delta = EngineDelta(eid, snap, a.delta, seconds if seconds > 0 else a.covered)
-            inputs.append(EngineInput(eid, delta, a.role, a.groups, a.is_engine))
-        kw = {"prefixes": tuple(prefixes)} if prefixes else {}
-        stats = reduce_poll(inputs, **kw)
-        _add_peaks(stats, self)
-        return stats
-
-    # ------------------------------------------------------------------ persistence
-
-    def state_dict(self) -> dict:
-        engines = {}
-        for eid, a in self.engines.items():
-            sids = a.layout.slot_ids
-
-            def as_map(arr: np.ndarray | None, sids=sids) -> dict[str, float] | None:
-                if arr is None:
-                    return None
-                return {s: _jsonable(v) for s, v in zip(sids, arr, strict=True)}
-
-            engines[eid] = {
-                "layout": render_layout(a.layout, a.current.data),
-                "delta": as_map(a.delta),
-                "covered": a.covered,
-                "gauge_area": as_map(a.gauge_area),
-                "gauge_seconds": as_map(a.gauge_seconds),
-                "gauge_peak": as_map(a.gauge_peak),
-                "role": a.role,
-                "groups": list(a.groups),
-                "is_engine": a.is_engine,
-                "restarts": a.restarts,
-                "retired": {k: [_jsonable(x) for x in v] for k, v in a.retired.items()},
-            }
-        return {
-            "label": self.label,
-            "active_seconds": self.active_seconds,
-            "polls": self.polls,
-            "failed_scrapes": self.failed_scrapes,
-            "engine_restarts": self.engine_restarts,
-            "expected": dict(self.expected),
-            "engines": engines,
-        }
-
-    @classmethod
-    def from_state_dict(cls, state: Mapping) -> Accumulator:
-        acc = cls(state["label"])
-        acc.active_seconds = float(state["active_seconds"])
-        acc.polls = int(state["polls"])
-        acc.failed_scrapes = int(state["failed_scrapes"])
-        acc.engine_restarts = int(state["engine_restarts"])
-        acc.expected = {k: float(v) for k, v in state.get("expected", {}).items()}
-        for eid, e in state["engines"].items():
-            expo = Parser(identity_labels=("__none__",)).parse(e["layout"], time=0.0, wall_time=0.0)
-            snap = next(iter(expo.values()))
-            lay = snap.layout
-
-            def arr(m: Mapping[str, float] | None, fill: float, lay=lay) -> np.ndarray | None:
-                if m is None:
-                    return None
-                return np.array([_from_json(m.get(s, fill)) for s in lay.slot_ids], dtype=float)
-
-            es = acc.engines[eid] = _EngineSum(
-                lay,
-                snap,
-                arr(e["delta"], 0.0),
-                covered=float(e["covered"]),
-                gauge_area=arr(e["gauge_area"], 0.0),
-                gauge_seconds=arr(e["gauge_seconds"], 0.0),
-                gauge_peak=arr(e["gauge_peak"], math.nan),
-                role=e["role"],
-                groups=tuple(e["groups"]),
-                is_engine=bool(e["is_engine"]),
-                restarts=int(e["restarts"]),
-                retired={
-                    k: tuple(_from_json(x) for x in v)  # type: ignore[misc]
-                    for k, v in e.get("retired", {}).items()
-                },
-            )
-            # series the saved layout text cannot carry (a gauge whose last value was NaN):
-            # their sums wait for the series to come back, like any absent series
-            for sid in (e["delta"] or {}).keys() - lay.index.keys():
-
-                def val(name: str, fill: float, sid=sid, e=e) -> float:
-                    return _from_json((e[name] or {}).get(sid, fill))
-
-                vals = (
-                    val("delta", 0.0),
-                    val("gauge_area", 0.0),
-                    val("gauge_seconds", 0.0),
-                    val("gauge_peak", math.nan),
-                )
-                if vals[0] or vals[1] or vals[2] or not math.isnan(vals[3]):
-                    es.retired[sid] = _combine(es.retired.get(sid), vals)
-        return acc
-
-
-def _nan_or_zero(d: EngineDelta) -> np.ndarray:
-    """Unknown increases stay unknown (NaN) in cumulative slots; other slots add nothing."""
-    out = np.zeros(len(d.delta))
-    cum = d.layout.cumulative
-    unknown = np.isnan(d.delta[cum])
-    out[cum[unknown]] = np.nan
-    return out
-
-
-def _gauge_slots(layout: EngineLayout) -> np.ndarray:
-    return np.array([g.slot for g in layout.gauges], dtype=np.intp)
-
-
-def _copy(a: _EngineSum) -> _EngineSum:
-    return _EngineSum(
-        a.layout,
-        a.current,
-        a.delta.copy(),
-        a.covered,
-        None if a.gauge_area is None else a.gauge_area.copy(),
-        None if a.gauge_seconds is None else a.gauge_seconds.copy(),
-        None if a.gauge_peak is None else a.gauge_peak.copy(),
-        a.role,
-        a.groups,
-        a.is_engine,
-        a.restarts,
-        dict(a.retired),
-    )
-
-
-def _jsonable(v: float) -> float | str:
-    return "NaN" if math.isnan(v) else float(v)
-
-
-def _from_json(v: float | str) -> float:
-    return math.nan if v == "NaN" else float(v)
-
-
-def _add_peaks(stats: PollStats, acc: Accumulator) -> None:
-    """Per scope, each gauge's peak: the max over engines of their max over polls."""
-    from fleetscope.stats.reduce import plan_for
-
-    peaks: dict[str, dict[str, float]] = {}  # engine -> metric -> peak
-    for eid, a in acc.engines.items():
-        if a.gauge_peak is None:
-            continue
-        plan = plan_for(a.layout)
-        # plan value columns of kind gauge map 1:1 onto gauge slots (or sums of them)
-        per = {}
-        for g in a.layout.gauges:
-            from fleetscope.stats.reduce import label_suffix, metric_name
-
-            name = metric_name(g.name) + label_suffix(g.labels)
-            if g.name == "vllm:num_requests_waiting_by_reason":
-                name = f"num_requests_waiting_reason_{dict(g.labels).get('reason', 'unknown')}"
-            v = a.gauge_peak[g.slot]
-            if not math.isnan(v) and name in plan.names:
-                per[name] = float(v)
-        peaks[eid] = per
-    for scope, s in stats.scopes.items():
-        members = _scope_members(stats, acc, scope)
-        for eid in members:
-            for name, v in peaks.get(eid, {}).items():
-                m = s.metrics.setdefault(name, {})
-                m["peak"] = max(m.get("peak", -math.inf), v)
-
-
-def _scope_members(stats: PollStats, acc: Accumulator, scope: str) -> list[str]:
-    if scope == "agg":
-        return list(acc.engines)
-    return [eid for eid, a in acc.engines.items() if a.role == scope or scope in a.groups]
-
-
-# --------------------------------------------------------------------------- windows
+def check_action(
+    action: str, label: str, active: Collection[str], paused: Collection[str]
+) -> None:
+    """Raise :class:`WindowError` if ``action`` is not valid for ``label`` given the windows
+    ``active`` and ``paused`` now."""
+    open_ = label in active or label in paused
+    if action == "start":
+        if label in (IDLE, COMBINED):
+            raise WindowError(f"{label!r} is reserved for the run summary")
+        if open_:
+            raise WindowError(f"window {label!r} is already open; stop it first")
+    elif action == "pause" and label not in active:
+        state = "paused" if label in paused else "not started"
+        raise WindowError(f"cannot pause window {label!r}: it is {state}")
+    elif action == "resume" and label not in paused:
+        state = "active" if label in active else "not started"
+        raise WindowError(f"cannot resume window {label!r}: it is {state}")
+    elif action == "stop" and not open_:
+        raise WindowError(f"cannot stop window {label!r}: it is not open")
+    elif action not in ("start", "pause", "resume", "stop"):
+        raise WindowError(f"unknown window action {action!r}")
 
 
 @dataclass
@@ -511,24 +77,9 @@ class WindowSet:
 
     def check(self, action: str, label: str) -> None:
         """Raise :class:`WindowError` if ``action`` is not valid for ``label`` now."""
-        open_ = label in self.active or label in self.paused
-        if action == "start":
-            if label in (IDLE, COMBINED):
-                raise WindowError(f"{label!r} is reserved for the run summary")
-            if open_:
-                raise WindowError(f"window {label!r} is already open; stop it first")
-        elif action == "pause" and label not in self.active:
-            state = "paused" if label in self.paused else "not started"
-            raise WindowError(f"cannot pause window {label!r}: it is {state}")
-        elif action == "resume" and label not in self.paused:
-            state = "active" if label in self.active else "not started"
-            raise WindowError(f"cannot resume window {label!r}: it is {state}")
-        elif action == "stop" and not open_:
-            raise WindowError(f"cannot stop window {label!r}: it is not open")
-        elif action not in ("start", "pause", "resume", "stop"):
-            raise WindowError(f"unknown window action {action!r}")
+        check_action(action, label, self.active.keys(), self.paused.keys())
 
-    def start(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
+    def start(self, label: str, now: float, times: Mapping[EngineId, float] | None = None) -> Window:
         """Open a window; ``times``: each engine's scrape time in the boundary poll."""
         self.check("start", label)
         w = Window(label, Accumulator(label), "active", now, now)
@@ -536,16 +87,16 @@ class WindowSet:
         self.active[label] = w
         return w
 
-    def pause(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
+    def pause(self, label: str, now: float, times: Mapping[EngineId, float] | None = None) -> Window:
         self.check("pause", label)
         w = self.active.pop(label)
-        w.acc.add_seconds(now - (w.resumed_at or now))
+        w.acc.add_seconds(now - (now if w.resumed_at is None else w.resumed_at))
         w.acc.close_span(now, times or {})
         w.state = "paused"
         self.paused[label] = w
         return w
 
-    def resume(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
+    def resume(self, label: str, now: float, times: Mapping[EngineId, float] | None = None) -> Window:
         self.check("resume", label)
         w = self.paused.pop(label)
         w.state = "active"
@@ -554,11 +105,11 @@ class WindowSet:
         self.active[label] = w
         return w
 
-    def stop(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
+    def stop(self, label: str, now: float, times: Mapping[EngineId, float] | None = None) -> Window:
         self.check("stop", label)
         w = self.active.pop(label, None)
         if w is not None:
-            w.acc.add_seconds(now - (w.resumed_at or now))
+            w.acc.add_seconds(now - (now if w.resumed_at is None else w.resumed_at))
             w.acc.close_span(now, times or {})
         else:
             w = self.paused.pop(label)
@@ -566,7 +117,7 @@ class WindowSet:
         self.run.setdefault(label, Accumulator(label)).merge(w.acc)
         return w
 
-    def stop_all(self, now: float, times: Mapping[str, float] | None = None) -> list[Window]:
+    def stop_all(self, now: float, times: Mapping[EngineId, float] | None = None) -> list[Window]:
         """The end of the run: stop every window still open or paused."""
         return [self.stop(label, now, times) for label in [*self.active, *self.paused]]
 
@@ -582,7 +133,7 @@ class WindowSet:
         for w in self.active.values():
             w.acc.endpoint_leaves(endpoint, time)
 
-    def engine_leaves(self, engine: str, time: float) -> None:
+    def engine_leaves(self, engine: EngineId, time: float) -> None:
         """An engine is gone for good (last scraped at ``time``)."""
         for w in self.active.values():
             w.acc.engine_leaves(engine, time)

@@ -1,14 +1,28 @@
 """The sink interface: where fleet statistics go after they are reduced to keys.
 
-A sink receives flat ``{key: value}`` mappings. It never raises into the caller's loop for
-tracker-side trouble: it logs a rate-limited warning and drops what it could not write.
+Every sink implements :class:`Sink` (``log``, ``log_summary``, ``close``). The optional hooks are
+declared here as protocols too; a sink that has one of them receives it:
+
+* :class:`PollSink` ``log_poll(result)``: the whole poll (statistics, events), for sinks that
+  draw the fleet; it replaces ``log`` for that sink;
+* :class:`EventSink` ``log_events(events)``: the poll's health events;
+* :class:`WindowSink` ``on_window_start(label)`` / ``on_window_stop(label)``;
+* :class:`RunSink` ``on_run_end(status)``: after the run summary.
+
+A sink never raises into the caller's loop for tracker-side trouble: it logs a rate-limited
+warning and drops what it could not write. The collector feeds each sink from its own bounded
+queue and thread (:mod:`fleetscope.sinks.fanout`), so a slow sink only delays itself.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from fleetscope.fleet import PollResult
+    from fleetscope.health import HealthEvent
 
 Value = float | int | str
 
@@ -28,6 +42,28 @@ class Sink(Protocol):
     def close(self) -> None:
         """Flush and release resources. Idempotent."""
         ...
+
+
+@runtime_checkable
+class PollSink(Protocol):
+    def log_poll(self, result: PollResult) -> None: ...
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    def log_events(self, events: Sequence[HealthEvent]) -> None: ...
+
+
+@runtime_checkable
+class WindowSink(Protocol):
+    def on_window_start(self, label: str) -> None: ...
+
+    def on_window_stop(self, label: str) -> None: ...
+
+
+@runtime_checkable
+class RunSink(Protocol):
+    def on_run_end(self, status: str) -> None: ...
 
 
 def numeric(value: Any) -> float | None:

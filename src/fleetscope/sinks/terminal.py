@@ -71,7 +71,7 @@ def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[Eng
         if not stats.is_engine[i]:
             continue
         m = stats.engine(eid)
-        role = roles.get(eid, roles.get(eid.rsplit(".", 1)[0]))
+        role = roles.get(eid, roles.get(getattr(eid, "endpoint", eid)))
         status, sev = status_of(conditions.get(eid, []))
         rows.append(
             EngineRow(

@@ -1,7 +1,16 @@
 """Scraping vLLM ``/metrics`` endpoints over HTTP: concurrent, bounded, capped, timed.
 
-Bodies are parsed off the event loop (a worker thread), so a training loop sharing the loop is
-never stalled by a big fleet. Every failure becomes a failed :class:`ScrapeResult` plus a
+The HTTP source owns the watched endpoints (add / remove / set from any thread, applied at the
+next poll), each endpoint's parser, and what it learns from side requests: the role
+(``GET /get_metrics_worker_info``, SkyRL's protocol, or vLLM's KV-consumer gauge) and
+``max_model_len`` (``GET /v1/models``).
+
+Every request has a total deadline and a size cap. Side requests start at an endpoint's first
+successful scrape, run concurrently with the rest of the poll, and are waited for only until the
+poll's own deadline: a side request that is slower keeps running in the background and its
+answer applies at a later poll; one that fails is retried with backoff (30 s, doubling to 15
+min). A definite answer (including 404) is never asked again. Bodies are parsed off the event
+loop (a worker thread). Every failure becomes a failed :class:`ScrapeResult` plus a
 rate-limited warning naming the endpoint; nothing is raised to the caller.
 """
 
@@ -10,81 +19,53 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import httpx
 
 from fleetscope._warn import RateLimitedWarner
-from fleetscope.exposition import MAX_BODY_BYTES, ExpositionError, Parser
-from fleetscope.fleet import ScrapeResult
-from fleetscope.stats.reduce import Role
+from fleetscope.catalog import KV_CONSUMER_FAMILY
+from fleetscope.exposition import MAX_BODY_BYTES, Exposition, ExpositionError, Parser
+from fleetscope.identity import Role
+from fleetscope.sources._http_client import (
+    ACCEPT,
+    describe,
+    get_capped,
+    get_json,
+    is_refusal,
+    new_client,
+)
+from fleetscope.sources._membership import Endpoint, EndpointSet, name_endpoints
+from fleetscope.sources.base import Departure, ScrapeResult
+
+__all__ = ["ACCEPT", "Endpoint", "HttpSource", "name_endpoints"]
 
 log = logging.getLogger("fleetscope")
 
-ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
-# content types a Prometheus exposition can come with; anything else is a wrong endpoint
-TEXT_TYPES = ("text/plain", "application/openmetrics-text", "text/openmetrics")
+SIDE_RETRY_FIRST = 30.0
+SIDE_RETRY_MAX = 900.0
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One base URL serving ``/metrics`` (a vLLM API server), with its name and role."""
+@dataclass
+class _Side:
+    """What the side requests of one endpoint still owe, and when to try again."""
 
-    url: str
-    name: str = ""
-    role: Role | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    groups: tuple[str, ...] = ()
-
-    @property
-    def metrics_url(self) -> str:
-        u = self.url.rstrip("/")
-        return u if u.endswith("/metrics") else u + "/metrics"
-
-    @property
-    def base_url(self) -> str:
-        u = self.url.rstrip("/")
-        return u[: -len("/metrics")] if u.endswith("/metrics") else u
-
-
-def name_endpoints(
-    endpoints: Sequence[str | Endpoint], taken: Iterable[str] = ()
-) -> list[Endpoint]:
-    """Give unnamed endpoints their display names, counted per role in the order given:
-    ``server0, server1`` / ``prefill0`` / ``decode0, decode1``, skipping names in ``taken``."""
-    counters: dict[str, int] = {}
-    out: list[Endpoint] = []
-    taken = set(taken)
-    given = [e.name for e in endpoints if isinstance(e, Endpoint) and e.name]
-    clash = taken.intersection(given)
-    if clash:
-        raise ValueError(f"endpoint names already in use: {sorted(clash)}")
-    taken.update(given)
-    for e in endpoints:
-        ep = e if isinstance(e, Endpoint) else Endpoint(url=e)
-        if not ep.name:
-            prefix = ep.role or "server"
-            while True:
-                i = counters.get(prefix, 0)
-                counters[prefix] = i + 1
-                if f"{prefix}{i}" not in taken:
-                    break
-            ep = Endpoint(ep.url, f"{prefix}{i}", ep.role, ep.headers, ep.groups)
-        taken.add(ep.name)
-        out.append(ep)
-    names = [e.name for e in out]
-    if len(set(names)) != len(names):
-        raise ValueError(f"endpoint names must be unique: {names}")
-    return out
+    want_role: bool
+    want_models: bool
+    kv_consumer: bool = False  # the body has vLLM's KV-consumer gauge (a decode server)
+    next_try: float = 0.0
+    wait: float = SIDE_RETRY_FIRST
+    task: asyncio.Task[None] | None = None
 
 
 class HttpSource:
-    """Scrapes endpoints with one shared ``httpx.AsyncClient``."""
+    """Scrapes a changing set of endpoints with one shared ``httpx.AsyncClient``."""
 
     def __init__(
         self,
+        endpoints: Sequence[str | Endpoint] = (),
         *,
         timeout: float = 5.0,
         max_concurrency: int = 64,
@@ -94,13 +75,18 @@ class HttpSource:
         parse_workers: int = 1,
         warn_interval: float = 60.0,
         identity_labels: Sequence[str] | None = None,
+        discover_roles: bool = True,
+        fetch_model_info: bool = True,
+        side_timeout: float | None = None,
     ):
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
+        self.discover_roles = discover_roles
+        self.fetch_model_info = fetch_model_info
+        self.side_timeout = min(timeout, 5.0) if side_timeout is None else side_timeout
         self._headers = {"Accept": ACCEPT, **(headers or {})}
         self._verify = verify
         self._sem = asyncio.Semaphore(max_concurrency)
-        self._max_concurrency = max_concurrency
         self._client: httpx.AsyncClient | None = None
         self._client_lock = asyncio.Lock()
         self._parsers: dict[str, Parser] = {}
@@ -108,26 +94,58 @@ class HttpSource:
         self._warner = RateLimitedWarner(log, interval=warn_interval, prefix="fleetscope: ")
         self._identity = identity_labels
         self.max_model_len: dict[str, int | None] = {}
+        self.members = EndpointSet(endpoints)
+        self._joined: set[str] = set()
+        self._departures: list[Departure] = []
+        self._last_time: dict[str, float] = {}  # endpoint -> its last scrape (any outcome)
+        self._refused: set[str] = set()  # refused since their last success
+        self._side: dict[str, _Side] = {e.name: self._new_side(e) for e in self.endpoints}
 
-    def _new_client(self) -> httpx.AsyncClient:
-        # concurrency is bounded by our semaphore; each endpoint keeps one warm connection so
-        # a big fleet does not reconnect (TCP + HTTP setup) every poll
-        limits = httpx.Limits(
-            max_connections=None, max_keepalive_connections=None, keepalive_expiry=300
-        )
-        # the CA bundle is loaded once here and shared by every endpoint's pool
-        ssl_context = httpx.create_ssl_context(verify=self._verify)
-        return httpx.AsyncClient(
-            headers=self._headers,
-            transport=_PerOriginTransport(verify=ssl_context, limits=limits),
-            timeout=httpx.Timeout(self.timeout),
-            follow_redirects=False,
-        )
+    # ------------------------------------------------------------------ membership
 
-    def _get_client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = self._new_client()
-        return self._client
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        """The endpoints scraped at the last poll (with roles discovered so far)."""
+        return self.members.endpoints
+
+    def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
+        """Watch more endpoints from the next poll on (thread-safe); returns them, named."""
+        return self.members.add(*endpoints)
+
+    def remove_endpoints(self, *endpoints: str | Endpoint) -> list[str]:
+        """Stop watching endpoints (name, URL or :class:`Endpoint`) from the next poll on."""
+        return self.members.remove(*endpoints)
+
+    def set_endpoints(
+        self, endpoints: Sequence[str | Endpoint]
+    ) -> tuple[list[Endpoint], list[str]]:
+        """Make the watched fleet exactly ``endpoints`` (matched by URL)."""
+        return self.members.set(endpoints)
+
+    def _apply_changes(self) -> None:
+        add, remove = self.members.apply()
+        for name in remove:
+            self._forget(name)
+        for e in add:
+            self._joined.add(e.name)
+            self._side[e.name] = self._new_side(e)
+
+    def _forget(self, name: str) -> None:
+        """An endpoint left the fleet: its parser, side requests and facts are dropped."""
+        self._departures.append(Departure(endpoint=name, time=self._last_time.pop(name, None)))
+        self._parsers.pop(name, None)
+        self.max_model_len.pop(name, None)
+        self._refused.discard(name)
+        self._joined.discard(name)
+        side = self._side.pop(name, None)
+        if side is not None and side.task is not None:
+            side.task.cancel()
+
+    def take_departures(self) -> list[Departure]:
+        out, self._departures = self._departures, []
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
 
     async def _ensure_client(self) -> httpx.AsyncClient:
         """The shared client, built off the event loop: with TLS verification on, httpx loads
@@ -135,10 +153,15 @@ class HttpSource:
         async with self._client_lock:
             if self._client is None:
                 loop = asyncio.get_running_loop()
-                self._client = await loop.run_in_executor(None, self._new_client)
+                self._client = await loop.run_in_executor(
+                    None, new_client, self._headers, self._verify, self.timeout
+                )
         return self._client
 
     async def aclose(self) -> None:
+        for side in self._side.values():
+            if side.task is not None:
+                side.task.cancel()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -147,22 +170,44 @@ class HttpSource:
     def warn(self, endpoint: str, kind: str, message: str) -> None:
         self._warner.warn(f"{endpoint}:{kind}", message)
 
-    def forget(self, name: str) -> None:
-        """An endpoint left the fleet: drop its parser and cached model info."""
-        self._parsers.pop(name, None)
-        self.max_model_len.pop(name, None)
+    # ------------------------------------------------------------------ polling
 
-    async def scrape_all(self, endpoints: Sequence[Endpoint]) -> list[ScrapeResult]:
-        return list(await asyncio.gather(*(self.scrape(e) for e in endpoints)))
+    async def scrape(self) -> list[ScrapeResult]:
+        """One poll: every watched endpoint once, side requests within the poll's deadline."""
+        self._apply_changes()
+        endpoints = self.endpoints
+        if not endpoints:
+            return []
+        deadline = time.monotonic() + self.timeout
+        results = list(await asyncio.gather(*(self.scrape_one(e) for e in endpoints)))
+        pending = [
+            t for e, r in zip(endpoints, results, strict=True) if (t := self._side_task(e, r))
+        ]
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+        # roles learnt so far apply to this poll's scrapes already
+        by_name = {e.name: e for e in self.endpoints}
+        return [
+            r if r.role == by_name[r.endpoint].role else replace(r, role=by_name[r.endpoint].role)
+            for r in results
+        ]
 
-    async def scrape(self, ep: Endpoint) -> ScrapeResult:
-        await self._ensure_client()  # once, before (not inside) the endpoint's timeout
+    async def scrape_all(self, endpoints: Sequence[Endpoint] | None = None) -> list[ScrapeResult]:
+        """Scrape ``endpoints`` once (all watched ones when None), without side requests."""
+        if endpoints is None:
+            return await self.scrape()
+        return list(await asyncio.gather(*(self.scrape_one(e) for e in endpoints)))
+
+    async def scrape_one(self, ep: Endpoint) -> ScrapeResult:
+        await self._ensure_client()  # once, before (not inside) the endpoint's deadline
         async with self._sem:
             t0 = time.monotonic()
             try:
-                body = await asyncio.wait_for(self._fetch(ep), timeout=self.timeout * 1.5)
+                body = await asyncio.wait_for(self._fetch(ep), timeout=self.timeout)
             except Exception as e:
-                return self._failed(ep, t0, _describe(e, self.timeout))
+                if is_refusal(e):
+                    self._refused.add(ep.name)
+                return self._failed(ep, t0, describe(e, self.timeout))
             t_arrived, wall = time.monotonic(), time.time()
         parser = self._parsers.get(ep.name)
         if parser is None:
@@ -178,6 +223,8 @@ class HttpSource:
             return self._failed(ep, t0, f"bad exposition: {e}")
         except Exception as e:
             return self._failed(ep, t0, f"parser failed: {type(e).__name__}: {e}")
+        refused = ep.name in self._refused
+        self._refused.discard(ep.name)
         return ScrapeResult(
             ep.name,
             expo,
@@ -186,7 +233,16 @@ class HttpSource:
             latency=t_arrived - t0,
             role=ep.role,
             groups=ep.groups,
+            joined=self._take_joined(ep.name, t_arrived),
+            refused_since_success=refused,
         )
+
+    def _take_joined(self, name: str, t: float) -> bool:
+        self._last_time[name] = t
+        if name in self._joined:
+            self._joined.discard(name)
+            return True
+        return False
 
     def _failed(self, ep: Endpoint, t0: float, reason: str) -> ScrapeResult:
         self.warn(ep.name, "scrape", f"scrape of {ep.name} ({ep.metrics_url}) failed: {reason}")
@@ -200,109 +256,105 @@ class HttpSource:
             error=reason,
             role=ep.role,
             groups=ep.groups,
+            joined=self._take_joined(ep.name, now),
         )
 
     async def _fetch(self, ep: Endpoint) -> bytes:
         client = await self._ensure_client()
-        for attempt in range(2):
-            answered = False
-            try:
-                async with client.stream("GET", ep.metrics_url, headers=dict(ep.headers)) as r:
-                    answered = True
-                    return await self._read(r)
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                # No answer at all: the server closed the keep-alive connection as we reused
-                # it. uvicorn (vLLM's server) closes idle connections after 5 s, the default
-                # poll interval, so this race is routine; the GET goes once more, on a fresh
-                # connection. A response cut short after its head is a real failure.
-                if answered or attempt:
-                    raise
-        raise AssertionError("unreachable")
+        return await get_capped(
+            client, ep.metrics_url, headers=ep.headers, cap=self.max_body_bytes
+        )
 
-    async def _read(self, r: httpx.Response) -> bytes:
-        if r.status_code != 200:
-            raise _ScrapeError(f"HTTP {r.status_code}")
-        ctype = r.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype and ctype not in TEXT_TYPES:
-            raise _ScrapeError(f"wrong content type {ctype!r}")
-        declared = r.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise _ScrapeError(
-                f"body of {int(declared)} bytes exceeds the {self.max_body_bytes} cap"
-            )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in r.aiter_bytes():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise _ScrapeError(f"body exceeds the {self.max_body_bytes} byte cap")
-            chunks.append(chunk)
-        return b"".join(chunks)
+    # ------------------------------------------------------------------ side requests
 
-    async def fetch_max_model_len(self, ep: Endpoint) -> int | None:
-        """``max_model_len`` from ``/v1/models`` (the largest served); cached once known."""
-        if self.max_model_len.get(ep.name) is not None:
-            return self.max_model_len[ep.name]
-        try:
-            client = await self._ensure_client()
-            r = await client.get(ep.base_url + "/v1/models", headers=dict(ep.headers))
-            r.raise_for_status()
-            lens = [m.get("max_model_len") for m in r.json().get("data", [])]
-            lens = [int(x) for x in lens if isinstance(x, int | float)]
-            value = max(lens) if lens else None
-        except Exception as e:
-            self.warn(ep.name, "models", f"/v1/models of {ep.name} unavailable: {_describe(e, 0)}")
-            value = None
-        self.max_model_len[ep.name] = value
-        return value
+    def _new_side(self, ep: Endpoint) -> _Side:
+        return _Side(want_role=self.discover_roles and ep.role is None, want_models=True)
 
-    async def fetch_worker_info(self, ep: Endpoint) -> dict | None:
-        """``GET /get_metrics_worker_info`` -> ``{"worker_id", "role"}`` (SkyRL's protocol)."""
-        try:
-            client = await self._ensure_client()
-            r = await client.get(ep.base_url + "/get_metrics_worker_info", headers=dict(ep.headers))
-            r.raise_for_status()
-            data = r.json()
-            return data if isinstance(data, dict) else None
-        except Exception:
+    def _side_task(self, ep: Endpoint, r: ScrapeResult) -> asyncio.Task[None] | None:
+        """Start (or return the running) side requests of an endpoint that answered."""
+        side = self._side.get(ep.name)
+        if side is None or not r.ok:
             return None
+        if side.want_role and r.exposition is not None:
+            side.kv_consumer = side.kv_consumer or _kv_consumer(r.exposition)
+        side.want_models = side.want_models and self.fetch_model_info
+        if not (side.want_role or side.want_models):
+            return None
+        if side.task is not None and not side.task.done():
+            return side.task
+        if time.monotonic() < side.next_try:
+            return None
+        side.task = asyncio.get_running_loop().create_task(self._side_requests(ep.name, side))
+        return side.task
+
+    async def _side_requests(self, name: str, side: _Side) -> None:
+        client = await self._ensure_client()
+        ep = next((e for e in self.endpoints if e.name == name), None)
+        if ep is None:
+            return
+        failed = False
+        if side.want_role:
+            try:
+                info = await get_json(
+                    client,
+                    ep.base_url + "/get_metrics_worker_info",
+                    headers=ep.headers,
+                    deadline=self.side_timeout,
+                )
+                role = info.get("role") if isinstance(info, dict) else None
+                self._role_answer(name, side, role)
+            except Exception as e:
+                if _definite(e):  # no such route: the server has no role to tell
+                    self._role_answer(name, side, None)
+                else:
+                    failed = True
+        if side.want_models:
+            try:
+                data = await get_json(
+                    client, ep.base_url + "/v1/models", headers=ep.headers, deadline=self.side_timeout
+                )
+                models = data.get("data", []) if isinstance(data, dict) else []
+                lens = [m.get("max_model_len") for m in models if isinstance(m, dict)]
+                ints = [int(x) for x in lens if isinstance(x, int | float)]
+                self.max_model_len[name] = max(ints) if ints else None
+                side.want_models = False
+            except Exception as e:
+                self.max_model_len.setdefault(name, None)
+                self.warn(
+                    name,
+                    "models",
+                    f"/v1/models of {name} unavailable: {describe(e, self.side_timeout)}"
+                    + ("" if _definite(e) else f"; asking again in {side.wait:g} s"),
+                )
+                if _definite(e):
+                    side.want_models = False
+                else:
+                    failed = True
+        if failed:
+            side.next_try = time.monotonic() + side.wait
+            side.wait = min(side.wait * 2, SIDE_RETRY_MAX)
+
+    def _role_answer(self, name: str, side: _Side, role: object) -> None:
+        """The server's answer; without one, vLLM's KV-consumer gauge marks a decode server."""
+        side.want_role = False
+        if role not in ("prefill", "decode") and side.kv_consumer:
+            role = "decode"
+        if role == "prefill" or role == "decode":
+            self._set_role(name, role)
+
+    def _set_role(self, name: str, role: Role) -> None:
+        self.members.update(name, role=role)
+        log.info("fleetscope: %s discovered as a %s server", name, role)
 
 
-class _PerOriginTransport(httpx.AsyncBaseTransport):
-    """One connection pool per endpoint (scheme, host, port). httpcore's pool scans all of its
-    connections for every queued request at every request event, so a single pool for N
-    endpoints costs O(N²) per poll: ~20 s of CPU per poll for 256 endpoints, where one pool
-    each costs nothing."""
+def _definite(e: BaseException) -> bool:
+    """An answer that will not change if asked again (404, 405, 501: no such route)."""
+    from fleetscope.sources._http_client import ScrapeError
 
-    def __init__(self, **kwargs) -> None:
-        self._kwargs = kwargs
-        self._pools: dict[tuple[bytes, bytes, int | None], httpx.AsyncHTTPTransport] = {}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        key = (url.raw_scheme, url.raw_host, url.port)
-        pool = self._pools.get(key)
-        if pool is None:
-            pool = self._pools[key] = httpx.AsyncHTTPTransport(**self._kwargs)
-        return await pool.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            await pool.aclose()
+    return isinstance(e, ScrapeError) and str(e) in ("HTTP 404", "HTTP 405", "HTTP 501")
 
 
-class _ScrapeError(Exception):
-    pass
-
-
-def _describe(e: BaseException, timeout: float) -> str:
-    if isinstance(e, asyncio.TimeoutError | httpx.TimeoutException):
-        return f"timed out after {timeout:g} s"
-    if isinstance(e, httpx.ConnectError):
-        return f"connection failed ({e})" if str(e) else "connection refused"
-    if isinstance(e, httpx.RemoteProtocolError):
-        return f"truncated or malformed response ({e})"
-    if isinstance(e, _ScrapeError):
-        return str(e)
-    return f"{type(e).__name__}: {e}"
+def _kv_consumer(expo: Exposition) -> bool:
+    return KV_CONSUMER_FAMILY in expo.types or any(
+        g.name == KV_CONSUMER_FAMILY for s in expo.values() for g in s.layout.gauges
+    )

@@ -25,8 +25,8 @@ import httpx
 
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.exposition import ExpositionError, Parser
-from fleetscope.fleet import ScrapeResult
-from fleetscope.stats.reduce import Role
+from fleetscope.identity import Role
+from fleetscope.sources.base import Departure, ScrapeResult
 
 log = logging.getLogger("fleetscope")
 
@@ -94,6 +94,9 @@ class PrometheusSource:
         self._untyped: set[str] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="fleetscope-prom")
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
+        # the targets' scrape times are wall clock; ScrapeResult.time is this process'
+        # monotonic clock: translated with one offset, read once, so intervals stay exact
+        self._clock_offset = time.monotonic() - time.time()
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -138,7 +141,11 @@ class PrometheusSource:
             return self.match
         return self.match[:-1] + "," + ",".join(matchers) + "}"
 
-    async def scrape_all(self) -> list[ScrapeResult]:
+    def take_departures(self) -> list[Departure]:
+        return []  # targets come and go with Prometheus' own service discovery
+
+    async def scrape(self) -> list[ScrapeResult]:
+        """One poll: the latest scrape of every target. Never raises."""
         t0 = time.monotonic()
         try:
             if self._polls % self._metadata_every == 0 or not self._types:
@@ -175,6 +182,7 @@ class PrometheusSource:
             samples += again
             scraped_at = {u["metric"].get("instance", ""): float(u["value"][1]) for u in after}
         latency = time.monotonic() - t0
+        offset = self._clock_offset
         by_instance: dict[str, list[dict]] = {}
         roles: dict[str, Role | None] = {}
         for s in samples:
@@ -198,20 +206,22 @@ class PrometheusSource:
             role = self._roles.get(inst) or roles.get(inst)
             name = self._name_for(inst, role)
             wall = scraped_at.get(inst, time.time())
+            mono = wall + offset
             if up.get(inst, 1.0) != 1.0 or inst not in by_instance:
-                results.append(ScrapeResult(name, None, wall, wall, latency, "target down", role))
+                results.append(ScrapeResult(name, None, mono, wall, latency, "target down", role))
                 continue
             text = self._render(by_instance[inst])
             parser = self._parsers.setdefault(inst, Parser())
             try:
                 expo = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, lambda p=parser, t=text, w=wall: p.parse(t, time=w, wall_time=w)
+                    self._pool,
+                    lambda p=parser, t=text, m=mono, w=wall: p.parse(t, time=m, wall_time=w),
                 )
             except ExpositionError as e:
                 self._warner.warn(f"{inst}:parse", f"{name} ({inst}) from Prometheus: {e}")
-                results.append(ScrapeResult(name, None, wall, wall, latency, str(e), role))
+                results.append(ScrapeResult(name, None, mono, wall, latency, str(e), role))
                 continue
-            results.append(ScrapeResult(name, expo, wall, wall, latency, None, role))
+            results.append(ScrapeResult(name, expo, mono, wall, latency, None, role))
         return results
 
     def _render(self, samples: list[dict]) -> str:

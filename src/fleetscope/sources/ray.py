@@ -35,7 +35,8 @@ import numpy as np
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.catalog import RAY_PREFIXES
 from fleetscope.exposition import Exposition
-from fleetscope.fleet import ScrapeResult, engine_id
+from fleetscope.identity import EngineId, Role
+from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.snapshot import (
     CounterSeries,
     EngineLayout,
@@ -44,7 +45,6 @@ from fleetscope.snapshot import (
     HistogramSeries,
 )
 from fleetscope.sources.http import Endpoint, HttpSource
-from fleetscope.stats.reduce import Role
 
 log = logging.getLogger("fleetscope")
 
@@ -282,8 +282,9 @@ class RaySource:
         # worker ids a re-lookup found (new processes) -> wall time of their first sample
         self._fresh: dict[str, float | None] = {}
         self._label_wid: dict[str, str] = {}  # engine label -> its worker id
-        self._engines_of_wid: dict[str, set[str]] = {}  # worker id -> engine ids seen
-        self._retired: set[str] = set()  # engine ids of workers no longer the run's
+        self._engines_of_wid: dict[str, set[EngineId]] = {}  # worker id -> engine ids seen
+        self._retired: set[EngineId] = set()  # engine ids of workers no longer the run's
+        self._departures: list[Departure] = []
         self._lookup = identity_lookup
         self._nodes = nodes
         self.rediscover_every = max(1, rediscover_every)
@@ -355,10 +356,11 @@ class RaySource:
         else:  # nothing changed: missing for another reason (idle gauges); ask less often
             self._relookup_wait = min(self._relookup_wait * 2, self.relookup_max)
 
-    def take_retired(self) -> set[str]:
-        """Engine ids of workers that stopped being the run's (a restarted actor's old
-        worker): the collector forgets them. Each is returned once."""
-        out, self._retired = self._retired, set()
+    def take_departures(self) -> list[Departure]:
+        """Engines of workers that stopped being the run's (a restarted actor's old worker),
+        each reported once, at the poll after the one that found it out (that poll still
+        folded their last samples)."""
+        out, self._departures = self._departures, []
         return out
 
     def _disable(self, why: str) -> None:
@@ -376,8 +378,10 @@ class RaySource:
             self._warner.warn("discover", f"Ray node discovery failed: {e!r}")
         return self.endpoints
 
-    async def scrape_all(self) -> list[ScrapeResult]:
+    async def scrape(self) -> list[ScrapeResult]:
         """One poll: every agent, filtered to the run's own engines. Never raises."""
+        self._departures += [Departure(engine=e) for e in sorted(self._retired)]
+        self._retired = set()
         if self.disabled or not await self._ensure_identity():
             return []
         if not self.endpoints or self._polls % self.rediscover_every == 0:
@@ -403,7 +407,7 @@ class RaySource:
             for label in expo:
                 wid = self._label_wid.get(label)
                 if wid:
-                    self._engines_of_wid.setdefault(wid, set()).add(engine_id(r.endpoint, label))
+                    self._engines_of_wid.setdefault(wid, set()).add(EngineId(r.endpoint, label))
             out.append(
                 ScrapeResult(
                     r.endpoint, expo, r.time, r.wall_time, r.latency, None, None, r.groups, roles
@@ -645,3 +649,4 @@ def _ray_nodes():
     import ray
 
     return ray.nodes()
+

@@ -22,84 +22,29 @@ import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
 
-from fleetscope.catalog import DEFAULT_LOGGED_PREFIXES
+from fleetscope.catalog import (
+    DECODE_ONLY_METRICS,
+    DEFAULT_LOGGED_PREFIXES,
+    RATIOS,
+    SPREAD_METRICS,
+    RatioSpec,
+    gauge_metric_name,
+    kv_capacity_tokens,
+    label_suffix,
+    ratio_offset,
+)
+from fleetscope.identity import Role
 from fleetscope.snapshot import EngineLayout, Labels
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.quantiles import bucket_quantile, pool_buckets
 
-Role = Literal["prefill", "decode"]
 STATS: tuple[str, ...] = ("min", "max", "sum", "mean", "median")
 QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
-# engine-imbalance metrics: also get `cv` (population std / mean across engines)
-SPREAD_METRICS: frozenset[str] = frozenset(
-    {
-        "num_requests_running",
-        "num_requests_waiting",
-        "kv_cache_usage_perc",
-        "prompt_tokens_total:rate",
-        "generation_tokens_total:rate",
-    }
-)
-# metrics a prefill engine keeps at ~0 by design: in a scope mixing roles, their tails and
-# averages come from the other engines (the sum still covers every engine)
-DECODE_ONLY_METRICS: frozenset[str] = frozenset(
-    {"generation_tokens_total:rate", "inter_token_latency_seconds:mean"}
-)
-
-
-@dataclass(frozen=True, slots=True)
-class RatioSpec:
-    """A derived ratio: offset + scale * Δnumerator / Δdenominator (both sums of counters)."""
-
-    name: str
-    numerator: tuple[str, Mapping[str, str] | None]  # (family, label filter)
-    denominator: tuple[str, Mapping[str, str] | None]
-    scale: float = 1.0
-    offset: float = 0.0
-    per_label: str | None = None  # one ratio per value of this numerator label
-
-
-RATIOS: tuple[RatioSpec, ...] = (
-    RatioSpec("prefix_cache_hit_rate", ("prefix_cache_hits", None), ("prefix_cache_queries", None)),
-    RatioSpec(
-        "external_prefix_cache_hit_rate",
-        ("external_prefix_cache_hits", None),
-        ("external_prefix_cache_queries", None),
-    ),
-    RatioSpec("mm_cache_hit_rate", ("mm_cache_hits", None), ("mm_cache_queries", None)),
-    RatioSpec(
-        "preemptions_per_million_output_tokens",
-        ("num_preemptions", None),
-        ("generation_tokens", None),
-        scale=1e6,
-    ),
-    RatioSpec(
-        "length_finished_share",
-        ("request_success", {"finished_reason": "length"}),
-        ("request_success", None),
-    ),
-    RatioSpec(
-        "spec_decode_acceptance_rate",
-        ("spec_decode_num_accepted_tokens", None),
-        ("spec_decode_num_draft_tokens", None),
-    ),
-    RatioSpec(
-        "spec_decode_mean_acceptance_length",
-        ("spec_decode_num_accepted_tokens", None),
-        ("spec_decode_num_drafts", None),
-        offset=1.0,
-    ),
-    RatioSpec(
-        "spec_decode_acceptance_rate_per_position",
-        ("spec_decode_num_accepted_tokens_per_pos", None),
-        ("spec_decode_num_drafts", None),
-        per_label="position",
-    ),
-)
 
 
 def metric_name(family: str, prefixes: Sequence[str] = DEFAULT_LOGGED_PREFIXES) -> str:
@@ -107,10 +52,6 @@ def metric_name(family: str, prefixes: Sequence[str] = DEFAULT_LOGGED_PREFIXES) 
         if family.startswith(p):
             return family[len(p) :]
     return family
-
-
-def label_suffix(labels: Labels) -> str:
-    return "{" + ",".join(f"{k}={v}" for k, v in labels) + "}" if labels else ""
 
 
 # ----------------------------------------------------------------------------- plans
@@ -258,15 +199,11 @@ def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
             gauges_by_family.setdefault(metric_name(g.name, prefixes), []).append(g)
 
     for fam, children in gauges_by_family.items():
-        if fam == "num_requests_waiting_by_reason":  # prime-rl's names for this family
-            for g in children:
-                reason = dict(g.labels).get("reason", "unknown")
-                b.value(f"num_requests_waiting_reason_{reason}", [g.slot])
-            continue
-        if len(children) > 1 or children[0].labels:
-            b.value(fam, [g.slot for g in children])
-        for g in children:
-            b.value(fam + label_suffix(g.labels), [g.slot])
+        named = [(gauge_metric_name(fam, g.labels), g.slot) for g in children]
+        if (len(children) > 1 or children[0].labels) and named[0][0].startswith(fam + "{"):
+            b.value(fam, [g.slot for g in children])  # the family's total, next to its children
+        for name, slot in named:
+            b.value(name, [slot])
 
     for fam, children in counters_by_family.items():
         name = fam + "_total"
@@ -330,28 +267,6 @@ def _match(labels: Labels, want: Mapping[str, str] | None) -> bool:
     return all(d.get(k) == v for k, v in want.items())
 
 
-def kv_capacity_tokens(info: Mapping[str, Mapping[str, str]]) -> float | None:
-    """KV cache capacity in tokens: ``kv_cache_size_tokens``, else blocks x block size."""
-    cfg = info.get("vllm:cache_config_info")
-    if not cfg:
-        return None
-
-    def num(key: str) -> float | None:
-        try:
-            v = float(cfg.get(key, "nan"))
-        except ValueError:
-            return None
-        return v if math.isfinite(v) else None
-
-    size = num("kv_cache_size_tokens")
-    if size is not None:
-        return size
-    blocks, block = num("num_gpu_blocks"), num("block_size")
-    if blocks is not None and block is not None:
-        return blocks * block
-    return None
-
-
 # ----------------------------------------------------------------------------- per engine
 
 
@@ -407,12 +322,15 @@ class PollStats:
     seconds: np.ndarray
     kinds: dict[str, str] = field(default_factory=dict)  # column -> gauge|total|rate|ratio|const
     roles: list[Role | None] = field(default_factory=list)  # per row, for role-aware tails
-    # per-row delta sums behind the pooled ratios, for windows and the run summary
-    extras: dict[str, object] = field(default_factory=dict)
+
+    @cached_property
+    def row_of(self) -> dict[str, int]:
+        """Row index of every engine id."""
+        return {e: i for i, e in enumerate(self.engine_ids)}
 
     def engine(self, engine_id: str) -> dict[str, float]:
         """One engine's metrics (missing ones absent)."""
-        i = self.engine_ids.index(engine_id)
+        i = self.row_of[engine_id]
         row = self.matrix[i]
         return {c: float(v) for c, v in zip(self.columns, row, strict=True) if not math.isnan(v)}
 
@@ -696,9 +614,8 @@ def _reduce_scope(
         if name in SPREAD_METRICS and not math.isnan(res["cv"][j]):
             m["cv"] = float(res["cv"][j])
         if kinds.get(name) == "ratio":
-            offset = 1.0 if name.startswith("spec_decode_mean_acceptance_length") else 0.0
             if not math.isnan(pooled[j]):
-                m["pooled"] = float(pooled[j] + offset)
+                m["pooled"] = float(pooled[j] + ratio_offset(name))
         if m:
             metrics.setdefault(name, {}).update(m)
     for name, pooled_parts in hist_sums.items():
@@ -711,11 +628,3 @@ def _reduce_scope(
             if not math.isnan(v):
                 m[label] = v
     return stats
-
-
-def iter_scope_keys(stats: PollStats) -> Iterable[tuple[str, str, str, float]]:
-    """(scope, metric, stat, value) for every reduced value."""
-    for scope, s in stats.scopes.items():
-        for metric, per_stat in s.metrics.items():
-            for stat, v in per_stat.items():
-                yield scope, metric, stat, v

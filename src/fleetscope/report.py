@@ -1,0 +1,40 @@
+"""Window and run-summary keys: an accumulator's reduced sums under the chosen key schema."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fleetscope.keys import KeyOptions, interval_keys, key_prefix, skyrl_interval_keys, summary_prefix
+from fleetscope.windows import COMBINED, Accumulator
+
+
+def accumulator_keys(
+    acc: Accumulator, label: str, options: KeyOptions, *, summary: bool
+) -> dict[str, float]:
+    """A window's keys (``summary=False``) or a run label's summary keys."""
+    stats = acc.stats()
+    if stats is None:
+        return {}
+    meta = {
+        "active_seconds": acc.active_seconds,
+        "coverage": acc.coverage(),
+        "polls": float(acc.polls),
+        "failed_scrapes": float(acc.failed_scrapes),
+        "engine_restarts": float(acc.engine_restarts),
+    }
+    base = (summary_prefix(options) if summary else key_prefix(options)) + "/" + label
+    if options.schema == "skyrl":
+        return skyrl_interval_keys(stats, base, meta, summary=summary)
+    return interval_keys(stats, base, meta)
+
+
+def summary_keys(
+    run: Mapping[str, Accumulator], options: KeyOptions, status: str
+) -> dict[str, float | str]:
+    """The run summary: every run label with polls (and ``combined``), and ``run_status``."""
+    out: dict[str, float | str] = {}
+    for label, acc in run.items():
+        if label == COMBINED or acc.polls:
+            out.update(accumulator_keys(acc, label, options, summary=True))
+    out["run_status"] = status
+    return out
