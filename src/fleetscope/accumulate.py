@@ -69,17 +69,17 @@ class _EngineSum:
         idx = np.array([old.get(s, -1) for s in layout.slot_ids], dtype=np.intp)
         have = idx >= 0
 
-        def move(arr: np.ndarray | None, fill: float) -> np.ndarray | None:
-            if arr is None:
-                return None
+        def move(arr: np.ndarray, fill: float) -> np.ndarray:
             out = np.full(len(layout.slot_ids), fill)
             out[have] = arr[idx[have]]
             return out
 
         self.delta = move(self.delta, 0.0)  # a new series had nothing before it appeared
-        self.gauge_area = move(self.gauge_area, 0.0)
-        self.gauge_seconds = move(self.gauge_seconds, 0.0)
-        self.gauge_peak = move(self.gauge_peak, np.nan)
+        if self.gauge_area is not None:
+            assert self.gauge_seconds is not None and self.gauge_peak is not None
+            self.gauge_area = move(self.gauge_area, 0.0)
+            self.gauge_seconds = move(self.gauge_seconds, 0.0)
+            self.gauge_peak = move(self.gauge_peak, np.nan)
         self.layout = layout
         for sid in [sid for sid in self.retired if sid in new]:
             self._restore(sid, new[sid])
@@ -125,19 +125,19 @@ class Accumulator:
 
     def __init__(self, label: str):
         self.label = label
-        self.engines: dict[EngineId, _EngineSum] = {}
+        self.engines: dict[str, _EngineSum] = {}  # keyed by EngineId
         self.active_seconds = 0.0
         self.polls = 0
         self.failed_scrapes = 0
         self.engine_restarts = 0
         # windows: engine-seconds each engine should have covered, from boundary to boundary
-        self.expected: dict[EngineId, float] = {}
-        self._open: dict[EngineId, float] | None = None
+        self.expected: dict[str, float] = {}
+        self._open: dict[str, float] | None = None
         self._open_default = 0.0
         # endpoints added or removed while the span is open: expected time starts at an added
         # endpoint's first scrape and ends at a removed one's last, not at the boundaries
         self._joined: dict[str, float] = {}
-        self._left: set[EngineId] = set()  # engines whose expected time is already counted
+        self._left: set[str] = set()  # engines whose expected time is already counted
 
     def add(
         self,
@@ -219,7 +219,8 @@ class Accumulator:
             for sid, vals in o2.retired.items():  # absent from both layouts
                 acc.retired[sid] = _combine(acc.retired.get(sid), vals)
             if o2.gauge_area is not None:
-                if acc.gauge_area is None:
+                assert o2.gauge_seconds is not None and o2.gauge_peak is not None
+                if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
                     acc.gauge_area = o2.gauge_area.copy()
                     acc.gauge_seconds = o2.gauge_seconds.copy()
                     acc.gauge_peak = o2.gauge_peak.copy()
@@ -230,25 +231,25 @@ class Accumulator:
 
     # ------------------------------------------------------------------ results
 
-    def open_span(self, now: float, times: Mapping[EngineId, float]) -> None:
+    def open_span(self, now: float, times: Mapping[str, float]) -> None:
         """A window opens (start / resume): each engine's own scrape time at that boundary."""
         self._open = dict(times)
         self._open_default = now
         self._joined = {}
         self._left = set()
 
-    def _span_start(self, engine: EngineId) -> float:
+    def _span_start(self, engine: str) -> float:
         assert self._open is not None
         if engine in self._open:
             return self._open[engine]
-        return self._joined.get(engine.endpoint, self._open_default)
+        return self._joined.get(_endpoint(engine), self._open_default)
 
     def endpoint_joins(self, endpoint: str, time: float) -> None:
         """An endpoint was added to the fleet, first scraped at ``time``."""
         if self._open is None:
             return
         self._joined[endpoint] = time
-        for e in [e for e in self._left if e.endpoint == endpoint]:
+        for e in [e for e in self._left if _endpoint(e) == endpoint]:
             self._left.discard(e)
             self._open.pop(e, None)
 
@@ -258,10 +259,10 @@ class Accumulator:
         if self._open is None:
             return
         for e in self._span_engines({}):
-            if e.endpoint == endpoint:
+            if _endpoint(e) == endpoint:
                 self.engine_leaves(e, time)
 
-    def engine_leaves(self, engine: EngineId, time: float) -> None:
+    def engine_leaves(self, engine: str, time: float) -> None:
         """An engine is gone for good (a restarted Ray actor's old worker), last scraped at
         ``time``: expected up to there."""
         if self._open is None or engine in self._left:
@@ -271,12 +272,12 @@ class Accumulator:
         )
         self._left.add(engine)
 
-    def _span_engines(self, times: Mapping[EngineId, float]) -> set[EngineId]:
+    def _span_engines(self, times: Mapping[str, float]) -> set[str]:
         assert self._open is not None
         engines = set(self._open) | set(times) | {e for e, a in self.engines.items() if a.is_engine}
         return engines - self._left
 
-    def close_span(self, now: float, times: Mapping[EngineId, float]) -> None:
+    def close_span(self, now: float, times: Mapping[str, float]) -> None:
         """A window closes (pause / stop): every engine should have been covered from its time
         at the opening boundary to its time at this one (the boundary's time if it did not
         answer, so a failed last scrape shows as missing coverage)."""
@@ -312,7 +313,7 @@ class Accumulator:
         for eid, a in self.engines.items():
             data = a.current.data.copy()
             gslots = _gauge_slots(a.layout)
-            if a.gauge_area is not None and len(gslots):
+            if a.gauge_area is not None and a.gauge_seconds is not None and len(gslots):
                 with np.errstate(invalid="ignore", divide="ignore"):
                     tw = a.gauge_area[gslots] / a.gauge_seconds[gslots]
                 data[gslots] = np.where(a.gauge_seconds[gslots] > 0, tw, data[gslots])
@@ -461,6 +462,11 @@ def _array(values: list[float | str]) -> np.ndarray:
     return np.array([_from_json(x) for x in values], dtype=float)
 
 
+def _endpoint(engine: str) -> str:
+    """An engine id's endpoint (a plain string id is taken as a whole endpoint)."""
+    return engine.endpoint if isinstance(engine, EngineId) else engine
+
+
 def _nan_or_zero(d: EngineDelta) -> np.ndarray:
     """Unknown increases stay unknown (NaN) in cumulative slots; other slots add nothing."""
     out = np.zeros(len(d.delta))
@@ -507,7 +513,7 @@ def _from_json(v: float | str) -> float:
 
 def _add_peaks(stats: PollStats, acc: Accumulator) -> None:
     """Per scope, each gauge's peak: the max over engines of their max over polls."""
-    peaks: dict[EngineId, dict[str, float]] = {}  # engine -> metric -> peak
+    peaks: dict[str, dict[str, float]] = {}  # engine -> metric -> peak
     for eid, a in acc.engines.items():
         if a.gauge_peak is None:
             continue
@@ -528,7 +534,7 @@ def _add_peaks(stats: PollStats, acc: Accumulator) -> None:
                 m["peak"] = max(m.get("peak", -math.inf), v)
 
 
-def _scope_members(stats: PollStats, acc: Accumulator, scope: str) -> list[EngineId]:
+def _scope_members(stats: PollStats, acc: Accumulator, scope: str) -> list[str]:
     if scope == "agg":
         return list(acc.engines)
     return [eid for eid, a in acc.engines.items() if a.role == scope or scope in a.groups]

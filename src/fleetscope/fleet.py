@@ -99,7 +99,7 @@ class FleetState:
         """An endpoint left the fleet: drop its baselines and roles (run totals stay). If it
         comes back it is a new endpoint: its first scrape is a baseline again."""
         for eid in self.baselines.engines():
-            if eid.endpoint == endpoint:
+            if isinstance(eid, EngineId) and eid.endpoint == endpoint:
                 self.forget_engine(eid)
         self.roles.pop(endpoint, None)
 

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 import numpy as np
@@ -92,7 +92,7 @@ class ShardWorker:
                 if expo.endpoint is not None:
                     s = expo.endpoint
                     engines.append(("", self._token(s.layout, new), s.data, s.process_start))
-            meta = {k: getattr(sc, k) for k in sc.__slots__ if k != "exposition"}  # type: ignore[attr-defined]
+            meta = {f.name: getattr(sc, f.name) for f in fields(sc) if f.name != "exposition"}
             meta["engine_roles"] = dict(sc.engine_roles)
             packed.append((meta, engines, dict(types)))
         return {
@@ -140,7 +140,7 @@ class ShardedSource:
         self._owner = {e.name: i for i, part in enumerate(parts) for e in part}
         remote_cls = ray.remote(ShardWorker)
         opts = {"num_cpus": 0, **(actor_options or {})}
-        self.shards = [
+        self.shards: list[Any] = [
             remote_cls.options(**opts).remote(i, [_endpoint_dict(e) for e in part], self.config)
             for i, part in enumerate(parts)
         ]
@@ -162,7 +162,7 @@ class ShardedSource:
     def set_endpoints(
         self, endpoints: Sequence[str | Endpoint]
     ) -> tuple[list[Endpoint], list[str]]:
-        return self.members.set(endpoints)
+        return self.members.assign(endpoints)
 
     def take_departures(self) -> list[Departure]:
         out, self._departures = self._departures, []
@@ -254,7 +254,7 @@ class ShardedSource:
     def _note_role(self, name: str, role: Role | None) -> None:
         current = next((e for e in self.members.endpoints if e.name == name), None)
         if current is not None and role is not None and current.role != role:
-            self.members.update(name, role=role)
+            self.members.set_role(name, role)
 
     async def aclose(self) -> None:
         import ray

@@ -120,7 +120,7 @@ class EndpointSet:
                     names.append(e.name)
         return names
 
-    def set(
+    def assign(
         self, endpoints: Sequence[str | Endpoint]
     ) -> tuple[list[Endpoint], list[str]]:
         """Make the watched fleet exactly ``endpoints`` (matched by URL; a URL whose role
@@ -155,8 +155,8 @@ class EndpointSet:
         self._endpoints.extend(add)
         return add, remove
 
-    def update(self, name: str, **changes: object) -> None:
-        """Change a watched endpoint (a discovered role)."""
+    def set_role(self, name: str, role: Role) -> None:
+        """A watched endpoint's discovered role."""
         with self._lock:
-            self._endpoints = [replace(e, **changes) if e.name == name else e for e in self._endpoints]
+            self._endpoints = [replace(e, role=role) if e.name == name else e for e in self._endpoints]
 

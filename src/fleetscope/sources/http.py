@@ -120,7 +120,7 @@ class HttpSource:
         self, endpoints: Sequence[str | Endpoint]
     ) -> tuple[list[Endpoint], list[str]]:
         """Make the watched fleet exactly ``endpoints`` (matched by URL)."""
-        return self.members.set(endpoints)
+        return self.members.assign(endpoints)
 
     def _apply_changes(self) -> None:
         add, remove = self.members.apply()
@@ -343,7 +343,7 @@ class HttpSource:
             self._set_role(name, role)
 
     def _set_role(self, name: str, role: Role) -> None:
-        self.members.update(name, role=role)
+        self.members.set_role(name, role)
         log.info("fleetscope: %s discovered as a %s server", name, role)
 
 
