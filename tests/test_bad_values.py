@@ -59,7 +59,9 @@ def test_bad_cumulative_values_are_rejected_the_same_on_every_parse_path(value, 
         snap = expo["0"]
         assert not any(sid.startswith(series + "_") or sid == series for sid in snap)
         assert snap.value("vllm:prompt_tokens_total") == 15472  # the rest is valid
-        assert snap.invalid and all(s.startswith(series.removesuffix("_total")) for s in snap.invalid)
+        assert snap.invalid and all(
+            s.startswith(series.removesuffix("_total")) for s in snap.invalid
+        )
     a, b, c = results
     assert a["0"].layout is b["0"].layout is c["0"].layout
     np.testing.assert_array_equal(a["0"].data, b["0"].data)
@@ -286,8 +288,6 @@ def test_dp_restart_without_start_evidence_needs_two_core_counters_to_drop():
 def test_continuity_unknown_keeps_deltas_but_observes_nothing():
     b, p = Baselines(), Parser()
     b.advance("e", p.parse(LOAD, time=0.0, wall_time=WALL)["0"])
-    d = b.advance(
-        "e", p.parse(AFTER, time=10.0, wall_time=WALL + 10)["0"], continuity_unknown=True
-    )
+    d = b.advance("e", p.parse(AFTER, time=10.0, wall_time=WALL + 10)["0"], continuity_unknown=True)
     assert d.continuity_unknown and d.observed_seconds == 0.0 and d.seconds == 10.0
     assert d.delta[d.layout.index[GEN_ID]] == sample_value(AFTER, GEN) - sample_value(LOAD, GEN)

@@ -405,7 +405,7 @@ def test_nan_in_a_counter_invalidates_that_series_only():
     of that scrape and reported; every other series is valid, on every parse path."""
     body = fixture_text("single_after.prom")
     bad = set_values(body, r"^vllm:generation_tokens_total\{", "NaN")
-    sid = 'vllm:generation_tokens_total'
+    sid = "vllm:generation_tokens_total"
     expo = Parser(share_templates=False).parse(bad)
     assert expo["0"].value(sid) is None
     assert sid in expo["0"].invalid
@@ -419,7 +419,7 @@ def test_nan_in_a_counter_invalidates_that_series_only():
     assert warm["0"].layout is expo["0"].layout
     bucket = set_values(body, r'^vllm:time_to_first_token_seconds_bucket\{.*le="0\.1"', "NaN")
     got = p.parse(bucket)
-    assert [i.series for i in got.invalid] == ['vllm:time_to_first_token_seconds']
+    assert [i.series for i in got.invalid] == ["vllm:time_to_first_token_seconds"]
     assert got["0"].value("vllm:time_to_first_token_seconds_count") is None
     assert p.parse(body)["0"].value("vllm:generation_tokens_total") == 1998
 

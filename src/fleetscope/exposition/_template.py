@@ -23,6 +23,8 @@ from fleetscope.exposition._syntax import (
 )
 from fleetscope.snapshot import EngineLayout, EngineSnapshot, without_groups
 
+_ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
+
 SKIP = -1  # a line that carries nothing we keep (comments, filtered families)
 TYPE_LINE = -2  # a `# TYPE` line; its type must not change under the template
 MISS = -9
@@ -229,6 +231,12 @@ def build_template(
         engine_key = ""
         if primary in s.labels:
             engine_key = "/".join(s.labels[k] for k in identity if s.labels.get(k))
+        elif len(identity) > 1 and draft.family.startswith(_ENGINE_PREFIXES):
+            # an engine sample without the primary label but with other identity labels (Ray
+            # Serve replicas without an `engine` tag): one engine per identity, engine "0"
+            ids = [s.labels[k] for k in identity[:-1] if s.labels.get(k)]
+            if ids:
+                engine_key = "/".join([*ids, "0"])
         o = len(samples)
         if s.head is not None and s.head not in ordinal:
             ordinal[s.head] = o

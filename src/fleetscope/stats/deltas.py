@@ -411,4 +411,3 @@ class Baselines:
 
     def state(self) -> dict[str, EngineSnapshot]:
         return dict(self._last)
-
