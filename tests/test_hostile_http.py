@@ -42,7 +42,7 @@ class Hostile:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 if self.path.split("?")[0] != "/metrics":
                     self.send_response(404)
                     self.end_headers()
