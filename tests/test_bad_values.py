@@ -291,3 +291,16 @@ def test_continuity_unknown_keeps_deltas_but_observes_nothing():
     d = b.advance("e", p.parse(AFTER, time=10.0, wall_time=WALL + 10)["0"], continuity_unknown=True)
     assert d.continuity_unknown and d.observed_seconds == 0.0 and d.seconds == 10.0
     assert d.delta[d.layout.index[GEN_ID]] == sample_value(AFTER, GEN) - sample_value(LOAD, GEN)
+
+
+def test_a_type_change_never_takes_the_fast_path_also_with_timestamps():
+    """A changed `# TYPE` line is a full parse (a new layout), also in a timestamped body where
+    the fast path's second split (value, timestamp) is in use."""
+    body = _stamp(_flip_body("counter", 1, 1), "1700000000000")
+    p = Parser(share_templates=False)
+    p.parse(body)
+    p.parse(body)
+    assert (p.full_parses, p.fast_hits) == (1, 1)
+    expo = p.parse(body.replace("vllm:x counter", "vllm:x_total gauge"))
+    assert p.full_parses == 2
+    assert any(g.name == "vllm:x_total" for g in expo["0"].layout.gauges)

@@ -71,7 +71,11 @@ def fill(tpl: Template, lines: list[str]) -> np.ndarray | None:
         o = get(head, MISS)
         if o >= 0:
             vals[o] = v
-        elif o == SKIP or (o == TYPE_LINE and tpl.types_by_head[head] == v):
+        elif o == SKIP:
+            skipped += 1
+        elif o == TYPE_LINE:
+            if tpl.types_by_head[head] != v:
+                return None  # a family whose type changed: a full parse, a new layout
             skipped += 1
         else:
             # `head value timestamp` (docs/rules.md §3.9: sample timestamps are valid input)
