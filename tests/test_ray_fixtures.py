@@ -387,3 +387,97 @@ async def test_a_steady_foreign_count_after_a_dead_first_poll_is_no_restart():
         assert results[0].ok and len(results[0].exposition) == 2
     assert src.foreign_engines > 0 and src.missing == set()
     assert calls == [1]  # the first lookup only
+
+
+# --------------------------------------------------------------------------- bad data (Ray)
+
+_WID_RX = re.compile(r'WorkerId="[0-9a-f]*",?')
+
+
+def _strip_worker_id(line: str) -> str:
+    return _WID_RX.sub("", line).replace(",}", "}")
+
+
+def _replicas_body(workers: dict[str, str | None], kv: dict[str, float]) -> str:
+    """ray_vllm_default.prom as two Serve replicas whose samples carry no `engine` tag: each
+    replica's vLLM lines with its ReplicaId, its WorkerId (None: none, as with OpenCensus)."""
+    lines = fixture_text("ray_vllm_default.prom").split("\n")
+    vllm = [ln for ln in lines if ln.startswith("ray_vllm_")]
+    out = [ln for ln in lines if not ln.startswith("ray_vllm_") and ln]
+    for rid, wid in workers.items():
+        for ln in vllm:
+            ln = ln.replace('ReplicaId=""', f'ReplicaId="{rid}"')
+            ln = re.sub(r',?engine="0"', "", ln).replace("{,", "{")
+            ln = _strip_worker_id(ln) if wid is None else _WID_RX.sub(f'WorkerId="{wid}",', ln)
+            if ln.startswith("ray_vllm_kv_cache_usage_perc{"):
+                ln = f"{ln.rpartition(' ')[0]} {kv[rid]}"
+            out.append(ln)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [{"r1": "a" * 56, "r2": "b" * 56}, {"r1": None, "r2": None}],
+    ids=["worker-ids", "no-worker-ids"],
+)
+def test_replicas_without_an_engine_tag_stay_separate_engines(workers):
+    """Distinct ReplicaIds whose samples have no `engine` tag were one engine (KV usage
+    summed: 0.9); each replica is its own engine."""
+    body = _replicas_body(workers, {"r1": 0.25, "r2": 0.65})
+    ident = (
+        RayIdentity(worker_ids={w for w in workers.values() if w})
+        if all(workers.values())
+        else RayIdentity(replica_ids=set(workers))
+    )
+    kept, _, dropped = RaySource(ident).filter(parse(body))
+    assert dropped == 0 and len(kept) == 2
+    assert sorted(s.value("vllm:kv_cache_usage_perc") for s in kept.values()) == [0.25, 0.65]
+    gen = sample_value(
+        fixture_text("ray_vllm_default.prom"), r"^ray_vllm_generation_tokens_total\{"
+    )
+    assert [s.value("vllm:generation_tokens_total") for s in kept.values()] == [gen, gen]
+    # one replica's identity keeps only it, and the other counts as one foreign engine
+    one = (
+        RayIdentity(worker_ids={workers["r1"]})
+        if workers["r1"]
+        else RayIdentity(replica_ids={"r1"})
+    )
+    kept, _, dropped = RaySource(one).filter(parse(body))
+    assert [s.value("vllm:kv_cache_usage_perc") for s in kept.values()] == [0.25]
+    assert dropped == 1
+
+
+def _opencensus_default(body: str) -> str:
+    """``body`` as the OpenCensus backend in its default cardinality writes it: counters and
+    gauges lose WorkerId (same-tag series of several workers summed), histograms keep it."""
+    hist = set(re.findall(r"^# TYPE (\S+) histogram$", body, re.M))
+    out: list[str] = []
+    summed: dict[str, int] = {}
+    for ln in body.split("\n"):
+        name = re.match(r"[\w:]+", ln)
+        if not ln.startswith("ray_vllm_") or not name:
+            out.append(ln)
+            continue
+        fam = re.sub(r"_(bucket|count|sum)$", "", name.group(0))
+        if fam in hist:
+            out.append(ln)
+            continue
+        head, _, v = _strip_worker_id(ln).rpartition(" ")
+        if head in summed:
+            i = summed[head]
+            out[i] = f"{head} {float(out[i].rpartition(' ')[2]) + float(v)}"
+        else:
+            summed[head] = len(out)
+            out.append(f"{head} {v}")
+    return "\n".join(out)
+
+
+def test_opencensus_foreign_engines_are_counted_once():
+    """The OpenCensus case of ray_default: the truth (ray_default_meta.json) is 4 actors, 2 of
+    them the run's own, so 2 foreign. The WorkerId-less piece that own0 and its twin share
+    (Ray summed them) is not a third foreign engine."""
+    body = _opencensus_default(fixture_text("ray_default.prom"))
+    truth = {n for n in META["identities"]} - {"own0", "own1"}
+    kept, _, dropped = RaySource(RayIdentity(worker_ids={OWN0, OWN1})).filter(parse(body))
+    assert dropped == len(truth) == 2
+    assert sorted(kept) == sorted([f"{OWN0[:8]}-0", f"{OWN1[:8]}-1"])

@@ -106,6 +106,28 @@ class EngineLayout:
         return g
 
     @cached_property
+    def group_names(self) -> tuple[str, ...]:
+        """Per group (see :attr:`groups`): the counter child's id or the histogram child's."""
+        names = [self.slot_ids[c.slot] for c in self.counters]
+        names += [format_series(h.name, h.labels) for h in self.histograms]
+        return tuple(names)
+
+    @cached_property
+    def slot_kinds(self) -> np.ndarray:
+        """Per slot: 0 gauge/other, 1 counter, 2 `_created`, 3 bucket, 4 `_sum`, 5 `_count`."""
+        k = np.zeros(len(self.slot_ids), dtype=np.int8)
+        for c in self.counters:
+            k[c.slot] = 1
+            if c.created >= 0:
+                k[c.created] = 2
+        for h in self.histograms:
+            k[list(h.buckets)] = 3
+            for s, code in ((h.sum, 4), (h.count, 5), (h.created, 2)):
+                if s >= 0:
+                    k[s] = code
+        return k
+
+    @cached_property
     def created_slots(self) -> np.ndarray:
         s = [c.created for c in self.counters if c.created >= 0]
         s += [h.created for h in self.histograms if h.created >= 0]
@@ -128,6 +150,9 @@ class EngineSnapshot(Mapping[str, float]):
     wall_time: float  # Unix seconds at the same moment
     # the serving process' start (process_start_time_seconds), when exposed
     process_start: float | None = None
+    # ids of the slots left out of this scrape because their series were invalid
+    # (docs/rules.md §3.9): they exist, but their values are unknown
+    invalid: frozenset[str] = frozenset()
 
     def __getitem__(self, series: str) -> float:
         return float(self.data[self.layout.index[series]])
@@ -157,6 +182,63 @@ class EngineSnapshot(Mapping[str, float]):
         sid = format_series(name, tuple(sorted(labels.items())))
         i = self.layout.index.get(sid)
         return None if i is None else float(self.data[i])
+
+
+_SUB_LAYOUTS: dict[tuple[EngineLayout, tuple[int, ...]], tuple] = {}
+
+
+def without_groups(
+    layout: EngineLayout, groups: tuple[int, ...]
+) -> tuple[EngineLayout, np.ndarray, frozenset[str]]:
+    """``layout`` without some of its :attr:`EngineLayout.groups` (invalid series): the smaller
+    layout (one object per (layout, groups)), the kept slots, and the removed slot ids."""
+    key = (layout, groups)
+    hit = _SUB_LAYOUTS.get(key)
+    if hit is not None:
+        return hit
+    drop: set[int] = set()
+    for g in groups:
+        drop.update(layout.groups[g].tolist())
+    n = len(layout.slot_ids)
+    keep = np.array([i for i in range(n) if i not in drop], dtype=np.intp)
+    new_of = np.full(n, -1, dtype=np.intp)
+    new_of[keep] = np.arange(len(keep))
+
+    def m(s: int) -> int:
+        return int(new_of[s]) if s >= 0 else -1
+
+    gset = set(groups)
+    nc = len(layout.counters)
+    sub = EngineLayout(
+        slot_ids=tuple(layout.slot_ids[i] for i in keep.tolist()),
+        counters=tuple(
+            CounterSeries(c.name, c.labels, m(c.slot), m(c.created))
+            for i, c in enumerate(layout.counters)
+            if i not in gset
+        ),
+        gauges=tuple(GaugeSeries(g.name, g.labels, m(g.slot)) for g in layout.gauges),
+        histograms=tuple(
+            HistogramSeries(
+                h.name,
+                h.labels,
+                h.bounds,
+                tuple(m(s) for s in h.buckets),
+                m(h.sum),
+                m(h.count),
+                m(h.created),
+            )
+            for j, h in enumerate(layout.histograms)
+            if nc + j not in gset
+        ),
+        info=layout.info,
+        model_name=layout.model_name,
+    )
+    removed = frozenset(layout.slot_ids[i] for i in sorted(drop))
+    if len(_SUB_LAYOUTS) > 1024:
+        _SUB_LAYOUTS.clear()
+    out = (sub, keep, removed)
+    _SUB_LAYOUTS[key] = out
+    return out
 
 
 def _escape(v: str) -> str:

@@ -482,6 +482,7 @@ class RaySource:
         # engine with the same tags; Ray sums same-tag series of several workers, so with two
         # or more such engines the piece stands alone (own only by replica id or model name)
         ambiguous = unmatched = 0
+        shadows: set[Key] = set()  # pieces summed over engines counted already (not engines)
         for e, snap in loose:
             cands = by_tags.get((e.replica_id, e.model_name, e.engine), set())
             if not cands and not e.model_name:  # cache_config_info carries no model_name
@@ -491,6 +492,8 @@ class RaySource:
                 continue
             ambiguous += bool(cands & own)
             key = ("r", e.replica_id, e.engine) if e.replica_id else ("m", e.model_name, e.engine)
+            if cands:
+                shadows.add(key)
             groups.setdefault(key, []).append((e, snap))
             if owner_of(e, ident):
                 own.add(key)
@@ -511,10 +514,11 @@ class RaySource:
                 "RayIdentity.model_names too, or set RAY_metric_cardinality_level=legacy",
             )
 
+        # a piece that several WorkerId engines explain is their sum, not one more engine
         foreign = sum(
             1
             for k, ps in groups.items()
-            if k not in own and any(_has_series(s.layout) for _, s in ps)
+            if k not in own and k not in shadows and any(_has_series(s.layout) for _, s in ps)
         )
         mine = {k: groups[k] for k in groups if k in own}
         labels = _labels(mine)

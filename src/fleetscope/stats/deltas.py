@@ -7,10 +7,15 @@ Rules (docs/rules.md §3.1-3.3), all per engine and per series:
   value (it restarted from 0), exactly like PromQL's ``increase()``;
 * an engine whose *process* restarted (``process_start_time_seconds`` moved, most of its
   ``_created`` values moved, or — without any start-time evidence — most of its counters
-  dropped) counts **every** series from 0, because some series grow past their old values
+  dropped, or two of its core counters (prompt / generation tokens, finished requests) dropped)
+  counts **every** series from 0, because some series grow past their old values
   before the next scrape and a decrease-only rule misses them;
 * a series that first appears in an engine already observed, with no restart in between,
-  started from 0 after the previous scrape: its whole value is the delta;
+  started from 0 after the previous scrape: its whole value is the delta — unless its
+  ``_created`` proves it existed before the previous scrape (then it is only a baseline);
+* a slot whose kind changed (a family whose TYPE flipped) gets no delta: a fresh baseline;
+* a series that missed scrapes is compared with its last seen value, and its rate uses the
+  interval the increase spans (:attr:`EngineDelta.span`);
 * a histogram bucket absent from the baseline counts from 0 only if the baseline ``_count`` was
   0; otherwise its delta is unknown (NaN) and quantiles pool the remaining bounds.
 
@@ -20,7 +25,7 @@ Pure functions: no I/O, no clocks.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,6 +33,12 @@ from fleetscope.snapshot import EngineLayout, EngineSnapshot
 
 # moved `_created` / dropped counters needed, as a share of the evidence, to call it a restart
 RESTART_SHARE = 0.5
+# allowed disagreement (seconds) between the engine's clock and ours when `_created` values are
+# compared with our wall time (the same default as fleet.DEFAULT_CLOCK_SKEW)
+CLOCK_SKEW = 1.0
+# counters an engine bumps on every request: two of them dropping is a restart, not two resets
+# (docs/bad-data.md "Restarts without start-time evidence")
+CORE_COUNTERS = frozenset({"vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,14 @@ class EngineDelta:
     ``delta`` is aligned with ``current.layout``: the increase of every cumulative slot
     (counters, buckets, ``_sum``, ``_count``), NaN where unknown (no baseline yet, gauges,
     ``_created``). ``seconds`` is 0 for a baseline-only observation.
+
+    ``span``: per slot, the seconds the slot's increase spans (longer than ``seconds`` for a
+    series compared with a value carried from an earlier scrape); None = all equal ``seconds``.
+    ``observed_seconds``: the part of ``seconds`` whose counts were really observed (==
+    ``seconds`` normally; after a restart only the new process' life when known, else 0; 0 when
+    the caller says continuity is unknown). ``tail_unseen``: counts made between the baseline
+    and a reset (of the process or of a series) were lost. ``type_changed``: series ids whose
+    kind changed since the baseline (no delta). docs/bad-data.md has the contract.
     """
 
     engine: str
@@ -48,26 +67,44 @@ class EngineDelta:
     started: bool = False  # a new engine that started inside the interval: all counted
     series_reset: int = 0
     series_new: int = 0
+    span: np.ndarray | None = None
+    observed_seconds: float = -1.0  # -1: the default, read as ``seconds`` (see __post_init__)
+    tail_unseen: bool = False
+    continuity_unknown: bool = False
+    type_changed: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.observed_seconds < 0:
+            object.__setattr__(self, "observed_seconds", float(self.seconds))
 
     @property
     def layout(self) -> EngineLayout:
         return self.current.layout
 
 
-_ALIGN_CACHE: dict[tuple[EngineLayout, EngineLayout], np.ndarray] = {}
+_ALIGN_CACHE: dict[tuple[EngineLayout, EngineLayout], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _alignment(prev: EngineLayout, cur: EngineLayout) -> np.ndarray:
-    """For every slot of ``cur``, the slot of the same series in ``prev``, or -1."""
+def _alignment(prev: EngineLayout, cur: EngineLayout) -> tuple[np.ndarray, np.ndarray]:
+    """For every slot of ``cur``, the slot of the same series *of the same kind* in ``prev``, or
+    -1; and the slots of ``cur`` whose id was in ``prev`` with another kind (a type flip)."""
     key = (prev, cur)
-    idx = _ALIGN_CACHE.get(key)
-    if idx is None:
+    hit = _ALIGN_CACHE.get(key)
+    if hit is None:
         pindex = prev.index
         idx = np.array([pindex.get(sid, -1) for sid in cur.slot_ids], dtype=np.intp)
+        pk, ck = prev.slot_kinds, cur.slot_kinds
+        changed = (idx >= 0) & (pk[np.maximum(idx, 0)] != ck)
+        # a counter that was a gauge family of the same name (`x` gauge -> `x_total` counter)
+        pgauges = {(g.name, g.labels) for g in prev.gauges}
+        for c in cur.counters:
+            if idx[c.slot] < 0 and (c.name, c.labels) in pgauges:
+                changed[c.slot] = True
+        idx = np.where(changed, -1, idx)
         if len(_ALIGN_CACHE) > 1024:
             _ALIGN_CACHE.clear()
-        _ALIGN_CACHE[key] = idx
-    return idx
+        hit = _ALIGN_CACHE[key] = (idx, changed)
+    return hit
 
 
 def baseline(current: EngineSnapshot) -> EngineDelta:
@@ -93,31 +130,62 @@ def _cumulative_values(current: EngineSnapshot) -> np.ndarray:
     return d
 
 
+def _observed_after_restart(cur: EngineSnapshot, seconds: float) -> float:
+    """The new process' life inside the interval, when its start time is known; else 0."""
+    start = cur.start_time
+    if start is None or not np.isfinite(start):
+        return 0.0
+    return float(min(max(cur.wall_time - start, 0.0), seconds))
+
+
 def engine_delta(
     prev: EngineSnapshot,
     cur: EngineSnapshot,
     carried: Mapping[str, float] | None = None,
+    carried_time: Mapping[str, float] | None = None,
+    *,
+    clock_skew: float = CLOCK_SKEW,
 ) -> EngineDelta:
     """Delta of one engine between its previous and current successful scrapes.
 
     ``carried``: last values of series that were missing from ``prev`` but seen earlier (so a
-    series that blinks out for a scrape is not counted from 0 when it returns).
+    series that blinks out for a scrape is not counted from 0 when it returns); NaN = a series
+    that existed but whose value was invalid (its delta is unknown, never counted whole).
+    ``carried_time``: the monotonic time of each carried value (for :attr:`EngineDelta.span`).
     """
     lay = cur.layout
     cdat = cur.data
+    seconds = cur.time - prev.time
+    span: np.ndarray | None = None
+    unknown: np.ndarray | None = None  # slots whose baseline is known to be unknown
+    type_changed: tuple[str, ...] = ()
     if prev.layout is lay:
         pdat = prev.data
         aligned = True
     else:
-        idx = _alignment(prev.layout, lay)
+        idx, changed = _alignment(prev.layout, lay)
         pdat = np.where(idx >= 0, prev.data[np.maximum(idx, 0)], np.nan)
+        if changed.any():
+            unknown = changed.copy()
+            type_changed = tuple(lay.slot_ids[i] for i in np.flatnonzero(changed).tolist())
         if carried:
-            for i in np.flatnonzero(idx < 0):
-                v = carried.get(lay.slot_ids[i])
-                if v is not None:
-                    pdat[i] = v
+            for i in np.flatnonzero((idx < 0) & ~changed).tolist():
+                sid = lay.slot_ids[i]
+                v = carried.get(sid)
+                if v is None:
+                    continue
+                if v != v:  # NaN: existed, value unknown
+                    if unknown is None:
+                        unknown = np.zeros(len(cdat), dtype=bool)
+                    unknown[i] = True
+                    continue
+                pdat[i] = v
+                t = carried_time.get(sid) if carried_time else None
+                if t is not None and cur.time - t != seconds:
+                    if span is None:
+                        span = np.full(len(cdat), float(seconds))
+                    span[i] = cur.time - t
         aligned = False
-    seconds = cur.time - prev.time
     d = cdat - pdat
 
     # ---- is this a process restart?
@@ -140,15 +208,28 @@ def engine_delta(
     cum = lay.cumulative
     dc = d[cum]
     dropped = dc < 0  # NaN compares False
-    if not restarted and len(cs) == 0 and prev.process_start is None:
+    if not restarted and len(cs) == 0 and prev.process_start is None and dropped.any():
+        # no start-time evidence at all (multiprocess / DP bodies): counters must tell
         grown_before = pdat[cum] > 0
         n_ev = int(grown_before.sum())
         if n_ev and dropped.sum() >= max(1.0, RESTART_SHARE * n_ev):
             restarted = True
+        else:
+            core = {c.name for c in lay.counters if c.name in CORE_COUNTERS and d[c.slot] < 0}
+            restarted = len(core) >= 2
 
     if restarted:
         out = _cumulative_values(cur)
-        return EngineDelta(cur.engine, cur, out, seconds, restarted=True)
+        return EngineDelta(
+            cur.engine,
+            cur,
+            out,
+            seconds,
+            restarted=True,
+            observed_seconds=_observed_after_restart(cur, seconds),
+            tail_unseen=True,
+            type_changed=type_changed,
+        )
 
     out = np.full(len(cdat), np.nan)
     out[cum] = dc
@@ -176,25 +257,12 @@ def engine_delta(
     series_new = 0
     if not aligned:
         new = np.isnan(pdat)
+        if unknown is not None:
+            new &= ~unknown
         if new.any():
-            for c in lay.counters:
-                if new[c.slot]:
-                    out[c.slot] = cdat[c.slot]
-                    series_new += 1
-            for h in lay.histograms:
-                missing = [s for s in h.buckets if new[s]]
-                if not missing and (h.count < 0 or not new[h.count]):
-                    continue
-                series_new += 1
-                if h.count >= 0 and new[h.count]:  # the whole child is new: counts from 0
-                    for s in (*h.buckets, h.count, h.sum):
-                        if s >= 0:
-                            out[s] = cdat[s]
-                    continue
-                base_count = pdat[h.count] if h.count >= 0 else np.nan
-                fill = cdat if base_count == 0 else None
-                for s in missing:
-                    out[s] = fill[s] if fill is not None else np.nan
+            series_new = _count_new(lay, cdat, pdat, new, out, prev.wall_time - clock_skew)
+        if unknown is not None:
+            out[unknown] = np.nan
     return EngineDelta(
         cur.engine,
         cur,
@@ -202,7 +270,51 @@ def engine_delta(
         seconds,
         series_reset=series_reset,
         series_new=series_new,
+        span=span,
+        tail_unseen=series_reset > 0,
+        type_changed=type_changed,
     )
+
+
+def _count_new(
+    lay: EngineLayout,
+    cdat: np.ndarray,
+    pdat: np.ndarray,
+    new: np.ndarray,
+    out: np.ndarray,
+    before: float,
+) -> int:
+    """Fill ``out`` for series absent from the baseline (docs/rules.md §3.3); how many counted.
+
+    A series whose ``_created`` is before ``before`` (the previous scrape, minus clock skew)
+    existed then without being seen: it is only a baseline.
+    """
+    series_new = 0
+    for c in lay.counters:
+        if new[c.slot]:
+            if c.created >= 0 and cdat[c.created] < before:
+                out[c.slot] = np.nan
+                continue
+            out[c.slot] = cdat[c.slot]
+            series_new += 1
+    for h in lay.histograms:
+        missing = [s for s in h.buckets if new[s]]
+        if not missing and (h.count < 0 or not new[h.count]):
+            continue
+        if h.count >= 0 and new[h.count]:  # the whole child is new: counts from 0
+            slots = [s for s in (*h.buckets, h.count, h.sum) if s >= 0]
+            if h.created >= 0 and cdat[h.created] < before:
+                out[slots] = np.nan
+                continue
+            series_new += 1
+            out[slots] = cdat[slots]
+            continue
+        series_new += 1
+        base_count = pdat[h.count] if h.count >= 0 else np.nan
+        fill = cdat if base_count == 0 else None
+        for s in missing:
+            out[s] = fill[s] if fill is not None else np.nan
+    return series_new
 
 
 class Baselines:
@@ -210,12 +322,14 @@ class Baselines:
 
     Pure bookkeeping for a poller: :meth:`advance` turns a new snapshot into an
     :class:`EngineDelta` and makes it the new baseline. Engines not seen in a poll keep their
-    baseline, so the next success gives exact deltas over the longer interval.
+    baseline, so the next success gives exact deltas over the longer interval. A series missing
+    from a scrape (absent, or left out as invalid) keeps its last value and that value's time.
     """
 
     def __init__(self) -> None:
         self._last: dict[str, EngineSnapshot] = {}
-        self._carried: dict[str, dict[str, float]] = {}
+        # engine -> series id -> (last value, its monotonic time); NaN value: never valid yet
+        self._carried: dict[str, dict[str, tuple[float, float]]] = {}
 
     def __contains__(self, engine_id: str) -> bool:
         return engine_id in self._last
@@ -232,12 +346,16 @@ class Baselines:
         cur: EngineSnapshot,
         *,
         new_engine_interval: float | None = None,
+        continuity_unknown: bool = False,
     ) -> EngineDelta:
         """Delta against the engine's baseline; ``cur`` becomes the baseline.
 
         ``new_engine_interval``: for an engine never seen before, the seconds since the previous
         poll when its start time proves it started after that poll (its values all count);
         None means its first values are only a baseline.
+        ``continuity_unknown``: the caller cannot vouch that the engine was the same process all
+        along (e.g. its connection was refused between two successes): deltas are computed as
+        usual, but ``observed_seconds`` is 0 and the delta says ``continuity_unknown``.
         """
         prev = self._last.get(engine_id)
         if prev is None:
@@ -247,11 +365,20 @@ class Baselines:
                 else from_zero(cur, new_engine_interval)
             )
         else:
-            delta = engine_delta(prev, cur, self._carried.get(engine_id))
+            kept = self._carried.get(engine_id)
+            values = {k: v for k, (v, _t) in kept.items()} if kept else None
+            times = {k: t for k, (_v, t) in kept.items()} if kept else None
+            delta = engine_delta(prev, cur, values, times)
             if delta.restarted:
                 self._carried.pop(engine_id, None)
             elif prev.layout is not cur.layout:
                 self._carry_missing(engine_id, prev, cur)
+        if cur.invalid:
+            carried = self._carried.setdefault(engine_id, {})
+            for sid in cur.invalid:
+                carried.setdefault(sid, (float("nan"), cur.time))
+        if continuity_unknown and prev is not None:
+            delta = replace(delta, observed_seconds=0.0, continuity_unknown=True)
         self._last[engine_id] = cur
         return delta
 
@@ -259,12 +386,17 @@ class Baselines:
         cur_index = cur.layout.index
         carried = self._carried.setdefault(engine_id, {})
         cum = set(prev.layout.cumulative.tolist()) | set(prev.layout.created_slots.tolist())
+        for h in prev.layout.histograms:
+            if h.sum >= 0:
+                cum.add(h.sum)
         for i, sid in enumerate(prev.layout.slot_ids):
             if sid not in cur_index and i in cum:
-                carried[sid] = float(prev.data[i])
+                carried[sid] = (float(prev.data[i]), prev.time)
         for sid in list(carried):
             if sid in cur_index:
                 del carried[sid]
+        if not carried:
+            del self._carried[engine_id]
 
     def forget(self, engine_id: str) -> None:
         self._last.pop(engine_id, None)

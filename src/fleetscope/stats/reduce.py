@@ -277,9 +277,18 @@ def _sum_groups(mat: np.ndarray, idx: np.ndarray, starts: np.ndarray) -> np.ndar
 
 
 def engine_matrix(
-    plan: Plan, values: np.ndarray, deltas: np.ndarray, seconds: np.ndarray
+    plan: Plan,
+    values: np.ndarray,
+    deltas: np.ndarray,
+    seconds: np.ndarray,
+    spans: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-engine metrics (rows: engines of one layout) and the delta columns behind them."""
+    """Per-engine metrics (rows: engines of one layout) and the delta columns behind them.
+
+    ``spans``: optional per-slot seconds (rows x slots, see ``EngineDelta.span``): each rate
+    divides by the span of its own increase (a delta group's span = the max over its slots);
+    None = every slot spans its row's ``seconds``.
+    """
     n = values.shape[0]
     out = np.full((n, len(plan.names)), np.nan)
     if len(plan.value_cols):
@@ -287,7 +296,12 @@ def engine_matrix(
     dcols = _sum_groups(deltas, plan.delta_idx, plan.delta_starts)
     with np.errstate(divide="ignore", invalid="ignore"):
         if len(plan.rate_cols):
-            sec = np.where(seconds > 0, seconds, np.nan)[:, None]
+            if spans is None or not len(plan.delta_idx):
+                sec = np.where(seconds > 0, seconds, np.nan)[:, None]
+            else:
+                gspan = np.maximum.reduceat(spans[:, plan.delta_idx], plan.delta_starts, axis=1)
+                gspan = gspan[:, plan.rate_src]
+                sec = np.where(gspan > 0, gspan, np.nan)
             out[:, plan.rate_cols] = dcols[:, plan.rate_src] / sec
         if len(plan.ratio_cols):
             num = dcols[:, plan.ratio_num]
@@ -417,7 +431,16 @@ def partial_reduce(
     for plan, rows in by_plan.values():
         values = np.stack([inputs[i].delta.current.data for i in rows])
         deltas = np.stack([inputs[i].delta.delta for i in rows])
-        out, dcols = engine_matrix(plan, values, deltas, seconds[rows])
+        spans = None
+        if any(inputs[i].delta.span is not None for i in rows):
+            # per-slot rate spans (a series compared with a value carried from an earlier poll)
+            spans = np.stack(
+                [
+                    d.span if d.span is not None else np.full(len(d.delta), d.seconds)
+                    for d in (inputs[i].delta for i in rows)
+                ]
+            )
+        out, dcols = engine_matrix(plan, values, deltas, seconds[rows], spans)
         cols = np.array([columns[c] for c in plan.names], dtype=np.intp)
         matrix[np.ix_(rows, cols)] = out
         if len(plan.rate_cols):

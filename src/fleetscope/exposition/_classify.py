@@ -1,0 +1,217 @@
+"""Sample classification (family, kind, kept labels) and per-engine layouts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleetscope.catalog import BREAKDOWN_LABELS, canonical_family
+from fleetscope.exposition._syntax import ExpositionError, Sample, format_bound, parse_float
+from fleetscope.snapshot import (
+    CounterSeries,
+    EngineLayout,
+    GaugeSeries,
+    HistogramSeries,
+    Labels,
+    format_series,
+)
+
+_SUFFIXES = ("_bucket", "_count", "_sum", "_created", "_total", "_gcount", "_gsum", "_info")
+CUMULATIVE_KINDS = frozenset({"counter", "bucket", "count", "sum"})
+
+# layouts by shape, shared by all parsers (bounded: a shape not in it only loses sharing);
+# one layout per shape keeps plans, alignments and reductions one matrix operation per shape
+LAYOUTS: dict[tuple, EngineLayout] = {}
+_MAX_LAYOUTS = 1024
+
+
+@dataclass(slots=True)
+class SeriesDraft:
+    kind: str  # counter | created | gauge | info | bucket | sum | count
+    family: str
+    labels: Labels
+    le: float | None
+    renamed: bool  # came from an old vLLM name; dropped when the current name is present
+    model: str | None = None  # the sample's model_name label (summed away, kept for grouping)
+
+
+def classify(
+    s: Sample,
+    types: dict[str, str],
+    counter_bases: set[str],
+    identity: tuple[str, ...],
+    keep: tuple[str, ...] | None,
+) -> SeriesDraft | None:
+    name = s.name
+    typ = types.get(name)
+    family, suffix = name, ""
+    if typ is None:
+        for suf in _SUFFIXES:
+            if name.endswith(suf) and name[: -len(suf)] in types:
+                family, suffix = name[: -len(suf)], suf
+                typ = types[family]
+                break
+    if typ is None and name.endswith("_created"):
+        base = name[:-8]
+        if types.get(base + "_total") == "counter":
+            family, suffix, typ = base + "_total", "_created", "counter"
+    if typ is None:
+        typ = "untyped"
+    # `_created` declared as its own gauge family (0.0.4 format from prometheus_client)
+    if typ == "gauge" and name.endswith("_created"):
+        base = name[:-8]
+        for cand in (base, base + "_total"):
+            if types.get(cand) in ("counter", "histogram", "summary"):
+                family, suffix, typ = cand, "_created", types[cand]
+                break
+    if typ == "gauge" and name in counter_bases and name.startswith("ray_"):
+        return None  # Ray OpenCensus exports counters twice; count the `_total` one only
+    labels = dict(s.labels)
+    le_str = labels.pop("le", None) if typ in ("histogram", "gaugehistogram") else None
+
+    if typ == "counter":
+        base = family[:-6] if family.endswith("_total") else family
+        kind = "created" if suffix == "_created" or name.endswith("_created") else "counter"
+    elif typ in ("histogram", "summary"):
+        base = family
+        if suffix == "_created":
+            kind = "created"
+        elif suffix == "_bucket" and typ == "histogram":
+            kind = "bucket"
+        elif suffix == "_sum":
+            kind = "sum"
+        elif suffix == "_count":
+            kind = "count"
+        else:
+            kind = "gauge"  # summary quantiles
+    elif typ == "info" or (typ in ("gauge", "untyped") and name.endswith("_info")):
+        base = name if typ != "info" else family
+        if not base.endswith("_info"):
+            base += "_info"
+        kind = "info"
+    else:  # gauge, untyped, unknown, stateset, gaugehistogram
+        base, kind = name, "gauge"
+        if le_str is not None:
+            labels["le"] = le_str
+            le_str = None
+
+    canon, renamed = canonical_family(base)
+    if keep is not None and not canon.startswith(keep):
+        return None
+    le = None
+    if kind == "bucket":
+        if le_str is None:
+            raise ExpositionError("histogram bucket without le", s.line, s.name)
+        try:
+            le = parse_float(le_str)
+        except ValueError:
+            raise ExpositionError(f"bad le {le_str!r}", s.line, s.name) from None
+    if kind == "info":
+        kept: Labels = tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
+    else:
+        kept = tuple(sorted((k, v) for k, v in labels.items() if k in BREAKDOWN_LABELS))
+    return SeriesDraft(kind, canon, kept, le, renamed, s.labels.get("model_name"))
+
+
+def series_id(d: SeriesDraft) -> str:
+    if d.kind == "counter":
+        return format_series(d.family + "_total", d.labels)
+    if d.kind == "created":
+        return format_series(d.family + "_created", d.labels)
+    if d.kind == "bucket":
+        assert d.le is not None
+        labels = tuple(sorted((*d.labels, ("le", format_bound(d.le)))))
+        return format_series(d.family + "_bucket", labels)
+    if d.kind in ("sum", "count"):
+        return format_series(f"{d.family}_{d.kind}", d.labels)
+    if d.kind == "info":
+        return d.family
+    return format_series(d.family, d.labels)
+
+
+def build_layout(
+    rows: Sequence[tuple[int, SeriesDraft, float, int]],
+) -> tuple[EngineLayout, dict[int, int]]:
+    """Build (or reuse) the layout for one engine's samples; map each draft to its slot."""
+    ids: dict[str, int] = {}
+    slot_map: dict[int, int] = {}
+    model_names: list[str] = []
+    kinds: list[str] = []
+    for _o, d, _v, _ln in rows:
+        if d.model is not None and not model_names:
+            model_names.append(d.model)
+        sid = series_id(d)
+        slot = ids.get(sid)
+        if slot is None:
+            slot = ids[sid] = len(ids)
+            kinds.append(d.kind)
+        slot_map[id(d)] = slot
+    slot_ids = tuple(ids)
+    key = (
+        slot_ids,
+        tuple(kinds),
+        tuple((d.family, d.labels) for _o, d, _v, _ln in rows if d.kind == "info"),
+        model_names[0] if model_names else None,
+    )
+    cached = LAYOUTS.get(key)
+    if cached is not None:
+        return cached, slot_map
+    counters: list[CounterSeries] = []
+    gauges: list[GaugeSeries] = []
+    hist_parts: dict[tuple[str, Labels], dict] = {}
+    info: dict[str, dict[str, str]] = {}
+    created_of: dict[tuple[str, Labels], int] = {}
+    seen: set[str] = set()
+    for _o, d, _v, _ln in rows:
+        sid = series_id(d)
+        if sid in seen:
+            continue
+        seen.add(sid)
+        slot = ids[sid]
+        if d.kind == "counter":
+            counters.append(CounterSeries(d.family, d.labels, slot, -1))
+        elif d.kind == "created":
+            created_of[(d.family, d.labels)] = slot
+        elif d.kind == "gauge":
+            gauges.append(GaugeSeries(d.family, d.labels, slot))
+        elif d.kind == "info":
+            labels = dict(d.labels)
+            if "model_name" in labels:
+                model_names.append(labels["model_name"])
+            info.setdefault(d.family, labels)
+        else:
+            part = hist_parts.setdefault((d.family, d.labels), {"b": []})
+            if d.kind == "bucket":
+                part["b"].append((d.le, slot))
+            else:
+                part[d.kind] = slot
+    counters = [
+        CounterSeries(c.name, c.labels, c.slot, created_of.get((c.name, c.labels), -1))
+        for c in counters
+    ]
+    hists = []
+    for (fam, labels), part in hist_parts.items():
+        b = sorted(part["b"])
+        hists.append(
+            HistogramSeries(
+                fam,
+                labels,
+                tuple(x for x, _ in b),
+                tuple(s for _, s in b),
+                part.get("sum", -1),
+                part.get("count", -1),
+                created_of.get((fam, labels), -1),
+            )
+        )
+    layout = EngineLayout(
+        slot_ids=slot_ids,
+        counters=tuple(counters),
+        gauges=tuple(gauges),
+        histograms=tuple(hists),
+        info=info,
+        model_name=model_names[0] if model_names else None,
+    )
+    if len(LAYOUTS) >= _MAX_LAYOUTS:
+        LAYOUTS.clear()
+    LAYOUTS[key] = layout
+    return layout, slot_map

@@ -1,0 +1,335 @@
+"""Templates of a body's shape, the fast path that reuses them, and value validation.
+
+Every parse path (a full parse, a parser's own template, a template shared by another parser)
+ends in :func:`finish`, so bad values are judged the same way everywhere (docs/bad-data.md).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetscope.catalog import PROCESS_START, RAY_IDENTITY_LABELS, RAY_PREFIXES
+from fleetscope.exposition._classify import CUMULATIVE_KINDS, SeriesDraft, build_layout, classify
+from fleetscope.exposition._classify import series_id as _series_id
+from fleetscope.exposition._syntax import (
+    Exposition,
+    ExpositionError,
+    InvalidSeries,
+    parse_sample,
+)
+from fleetscope.snapshot import EngineLayout, EngineSnapshot, without_groups
+
+_ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
+
+SKIP = -1  # a line that carries nothing we keep (comments, filtered families)
+TYPE_LINE = -2  # a `# TYPE` line; its type must not change under the template
+MISS = -9
+
+
+@dataclass(slots=True)
+class EngineBlock:
+    engine: str
+    start: int
+    stop: int
+    layout: EngineLayout
+    # groups of the layout invalid in every body of this shape (incomplete histograms)
+    incomplete: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass(slots=True)
+class Template:
+    n_lines: int
+    n_skip: int
+    ordinal: dict[str, int]
+    types_by_head: dict[str, str]
+    slot_of_ordinal: np.ndarray
+    n_slots: int
+    blocks: list[EngineBlock]
+    endpoint: EngineBlock | None
+    process_start_slot: int
+    check_ords: np.ndarray  # ordinals of cumulative samples: must be finite
+    check_nonneg: np.ndarray  # ... and >= 0 (False for `_sum` and `_created`)
+    min_ordinals: np.ndarray  # `_created` ordinals sharing a slot: the slot takes their min
+    types: dict[str, str]
+    any_incomplete: bool
+
+
+def fill(tpl: Template, lines: list[str]) -> np.ndarray | None:
+    """The fast path: the body's values in template order, or None if the shape differs."""
+    if len(lines) != tpl.n_lines:
+        return None
+    get = tpl.ordinal.get
+    vals: list[str | None] = [None] * len(tpl.slot_of_ordinal)
+    skipped = 0
+    stamps: list[str] | None = None
+    for line in lines:
+        head, _, v = line.rpartition(" ")
+        o = get(head, MISS)
+        if o >= 0:
+            vals[o] = v
+        elif o == SKIP:
+            skipped += 1
+        elif o == TYPE_LINE:
+            if tpl.types_by_head[head] != v:
+                return None  # a family whose type changed: a full parse, a new layout
+            skipped += 1
+        else:
+            # `head value timestamp` (docs/rules.md §3.9: sample timestamps are valid input)
+            head, _, value = head.rpartition(" ")
+            o = get(head, MISS)
+            if o >= 0:
+                vals[o] = value
+            elif o == SKIP:
+                skipped += 1
+            else:
+                return None
+            if stamps is None:
+                stamps = []
+            stamps.append(v)
+    if skipped != tpl.n_skip:
+        return None
+    try:
+        arr = np.array(vals, dtype=np.float64)
+        if stamps is not None:
+            np.array(stamps, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None  # a missing or malformed value: let the full parser say which line
+    if "_" in "".join([v for v in vals if v is not None]) or (stamps and "_" in "".join(stamps)):
+        return None  # numpy, like Python, reads 1_000; Prometheus does not
+    # a series line written twice in place of another leaves that other one unfilled
+    # (None converts to NaN): a duplicate series, which the full parser reports
+    nan_at = np.flatnonzero(np.isnan(arr))
+    if len(nan_at) and any(vals[i] is None for i in nan_at.tolist()):
+        return None
+    return arr
+
+
+def _reason(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return "negative"
+
+
+def finish(tpl: Template, arr: np.ndarray, now: float, wall: float) -> Exposition:
+    """Values in template order -> snapshots; bad series left out and reported."""
+    bad_ords: list[int] = []
+    if len(tpl.check_ords):
+        v = arr[tpl.check_ords]
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(v) | ((v < 0) & tpl.check_nonneg)
+        if bad.any():
+            bad_ords = tpl.check_ords[bad].tolist()
+    slots = np.bincount(tpl.slot_of_ordinal, weights=arr, minlength=tpl.n_slots + 1)
+    if len(tpl.min_ordinals):
+        targets = tpl.slot_of_ordinal[tpl.min_ordinals]
+        slots[targets] = np.inf
+        np.minimum.at(slots, targets, arr[tpl.min_ordinals])
+    pstart = float(slots[tpl.process_start_slot]) if tpl.process_start_slot >= 0 else None
+    if not bad_ords and not tpl.any_incomplete:
+        engines = {
+            b.engine: EngineSnapshot(b.engine, b.layout, slots[b.start : b.stop], now, wall, pstart)
+            for b in tpl.blocks
+        }
+        endpoint = None
+        if tpl.endpoint is not None:
+            b = tpl.endpoint
+            endpoint = EngineSnapshot("", b.layout, slots[b.start : b.stop], now, wall, pstart)
+        return Exposition(engines, endpoint, tpl.types)
+    # the rare path: some series are invalid for this scrape (docs/rules.md §3.9)
+    bad_slot_reason: dict[int, str] = {}
+    for o in bad_ords:
+        bad_slot_reason.setdefault(int(tpl.slot_of_ordinal[o]), _reason(float(arr[o])))
+    invalid: list[InvalidSeries] = []
+
+    def snap(b: EngineBlock, name: str) -> EngineSnapshot:
+        data = slots[b.start : b.stop]
+        drop = dict(b.incomplete)
+        for s, why in bad_slot_reason.items():
+            if b.start <= s < b.stop:
+                g = int(b.layout.group_of_slot[s - b.start])
+                if g >= 0:
+                    drop.setdefault(g, why)
+        if not drop:
+            return EngineSnapshot(name, b.layout, data, now, wall, pstart)
+        groups = tuple(sorted(drop))
+        sub, keep, removed = without_groups(b.layout, groups)
+        names = b.layout.group_names
+        invalid.extend(InvalidSeries(name, names[g], drop[g]) for g in groups)
+        return EngineSnapshot(name, sub, data[keep], now, wall, pstart, invalid=removed)
+
+    engines = {b.engine: snap(b, b.engine) for b in tpl.blocks}
+    endpoint = snap(tpl.endpoint, "") if tpl.endpoint is not None else None
+    return Exposition(engines, endpoint, tpl.types, tuple(invalid))
+
+
+def build_template(
+    lines: list[str],
+    identity_labels: tuple[str, ...] | None,
+    keep: tuple[str, ...] | None,
+    vllm_identity: tuple[str, ...],
+) -> tuple[Template, np.ndarray]:
+    """The full parser: every line checked. Returns the template and the body's values."""
+    types: dict[str, str] = {}
+    types_by_head: dict[str, str] = {}
+    for i, line in enumerate(lines, 1):
+        if line.startswith("# TYPE ") or line.startswith("#TYPE "):
+            parts = line.split()
+            if len(parts) != 4 and not (len(parts) == 3 and parts[0] == "#TYPE"):
+                raise ExpositionError("malformed TYPE line", i, line)
+            fam, typ = sys.intern(parts[-2]), sys.intern(parts[-1])
+            if fam in types and types[fam] != typ:
+                raise ExpositionError(f"conflicting TYPE for {fam}", i, line)
+            types[fam] = typ
+            head, _, v = line.rpartition(" ")
+            types_by_head[sys.intern(head)] = sys.intern(v)
+    is_ray = any(name.startswith(p) for name in types for p in RAY_PREFIXES)
+    identity = identity_labels or (RAY_IDENTITY_LABELS if is_ray else vllm_identity)
+    primary = identity[-1]
+
+    # families of counters, for Ray's OpenCensus "bare DEPRECATED gauge + _total" pairs
+    counter_bases = {
+        f[:-6] if f.endswith("_total") else f for f, t in types.items() if t == "counter"
+    }
+
+    ordinal: dict[str, int] = {}
+    n_skip = 0
+    samples: list[tuple[int, str, SeriesDraft, float, int]] = []  # (ord, engine, draft, v, ln)
+    seen_series: set[tuple] = set()
+    eof_seen = False
+    for i, line in enumerate(lines, 1):
+        if eof_seen:
+            raise ExpositionError("content after # EOF", i, line)
+        if not line or line[0] == "#":
+            if line.startswith("# EOF") or line == "#EOF":
+                eof_seen = True
+            head, _, v = line.rpartition(" ")
+            head = sys.intern(head)
+            if head in types_by_head and types_by_head[head] == v:
+                ordinal[head] = TYPE_LINE
+            elif head not in ordinal:
+                ordinal[head] = SKIP
+            else:
+                # a comment whose head collides with a sample: cannot use the fast path
+                ordinal[head] = MISS
+            n_skip += 1
+            continue
+        if not line.strip():
+            raise ExpositionError("blank line with whitespace", i, line)
+        s = parse_sample(line, i)
+        draft = classify(s, types, counter_bases, identity, keep)
+        key = (s.name, tuple(sorted(s.labels.items())))
+        if key in seen_series:
+            raise ExpositionError("duplicate series", i, line)
+        seen_series.add(key)
+        if draft is None:
+            if s.head is not None:
+                ordinal.setdefault(s.head, SKIP)
+            n_skip += 1
+            continue
+        engine_key = ""
+        if primary in s.labels:
+            engine_key = "/".join(s.labels[k] for k in identity if s.labels.get(k))
+        elif len(identity) > 1 and draft.family.startswith(_ENGINE_PREFIXES):
+            # an engine sample without the primary label but with other identity labels (Ray
+            # Serve replicas without an `engine` tag): one engine per identity, engine "0"
+            ids = [s.labels[k] for k in identity[:-1] if s.labels.get(k)]
+            if ids:
+                engine_key = "/".join([*ids, "0"])
+        o = len(samples)
+        if s.head is not None and s.head not in ordinal:
+            ordinal[s.head] = o
+        else:
+            # exemplars, odd spacing: this body cannot use the fast path
+            ordinal[s.head or f"\x00{o}"] = MISS
+        samples.append((o, engine_key, draft, s.value, i))
+    values = np.array([v for _o, _e, _d, v, _ln in samples], dtype=np.float64)
+    return _assemble(lines, samples, ordinal, n_skip, types, types_by_head), values
+
+
+def _incomplete(layout: EngineLayout) -> tuple[tuple[int, str], ...]:
+    """Histogram children cut short (no `+Inf` bucket, no `_count`): docs/rules.md §3.9."""
+    out = []
+    n = len(layout.counters)
+    for j, h in enumerate(layout.histograms):
+        if not h.buckets:
+            continue  # a summary: `_sum` / `_count` only
+        if h.bounds[-1] != math.inf:
+            out.append((n + j, "no +Inf bucket"))
+        elif h.count < 0:
+            out.append((n + j, "no _count"))
+    return tuple(out)
+
+
+def _assemble(
+    lines: list[str],
+    samples: list[tuple[int, str, SeriesDraft, float, int]],
+    ordinal: dict[str, int],
+    n_skip: int,
+    types: dict[str, str],
+    types_by_head: dict[str, str],
+) -> Template:
+    by_engine: dict[str, list[tuple[int, SeriesDraft, float, int]]] = {}
+    current: set[tuple[str, str]] = {
+        (e, _series_id(d)) for _, e, d, _, _ in samples if not d.renamed
+    }
+    for o, eng, draft, v, ln in samples:
+        if draft.renamed and (eng, _series_id(draft)) in current:
+            continue  # both old and new names exported: count the current one only
+        by_engine.setdefault(eng, []).append((o, draft, v, ln))
+    if not any(by_engine) and "" in by_engine:
+        by_engine = {"0": by_engine.pop("")}  # no identity labels at all: one engine
+
+    slot_of_ordinal = np.full(len(samples), -1, dtype=np.intp)
+    check: list[int] = []
+    nonneg: list[bool] = []
+    blocks: list[EngineBlock] = []
+    endpoint_block = None
+    process_start_slot = -1
+    n = 0
+    for eng, rows in by_engine.items():
+        layout, slot_map = build_layout(rows)
+        for o, draft, _v, _ln in rows:
+            slot = slot_map[id(draft)]
+            slot_of_ordinal[o] = n + slot
+            if draft.kind in CUMULATIVE_KINDS or draft.kind == "created":
+                check.append(o)
+                nonneg.append(draft.kind not in ("sum", "created"))
+            if draft.family == PROCESS_START and draft.kind == "gauge":
+                process_start_slot = n + slot
+        block = EngineBlock(eng, n, n + len(layout.slot_ids), layout, _incomplete(layout))
+        n += len(layout.slot_ids)
+        if eng == "":
+            endpoint_block = block
+        else:
+            blocks.append(block)
+    slot_of_ordinal[slot_of_ordinal < 0] = n  # renamed duplicates land in a spare slot
+    # `_created` of children summed into one slot: keep the earliest, so a child created
+    # later (a new handler, a new model) does not look like a reset of the others
+    created_ords = [o for o, _e, d, _v, _ln in samples if d.kind == "created"]
+    targets = slot_of_ordinal[created_ords] if created_ords else np.zeros(0, np.intp)
+    uniq, counts = np.unique(targets, return_counts=True)
+    shared = set(uniq[counts > 1].tolist())
+    min_ords = [o for o in created_ords if int(slot_of_ordinal[o]) in shared]
+    all_blocks = blocks + ([endpoint_block] if endpoint_block is not None else [])
+    return Template(
+        n_lines=len(lines),
+        n_skip=n_skip,
+        ordinal=ordinal,
+        types_by_head=types_by_head,
+        slot_of_ordinal=slot_of_ordinal,
+        n_slots=n,
+        blocks=blocks,
+        endpoint=endpoint_block,
+        process_start_slot=process_start_slot,
+        check_ords=np.array(check, dtype=np.intp),
+        check_nonneg=np.array(nonneg, dtype=bool),
+        types=types,
+        min_ordinals=np.array(min_ords, dtype=np.intp),
+        any_incomplete=any(b.incomplete for b in all_blocks),
+    )

@@ -1,0 +1,246 @@
+"""Bad data over the real HTTP stack (docs/bad-data.md): a hostile loopback server serves the
+bad body next to a healthy simulated vLLM server, and ``Collector([...]).poll()`` shows the
+healthy engines' totals exact and the bad series excluded.
+
+The hostile server is a plain ``http.server`` in a thread, serving whatever body the test put
+in it last; the healthy one is ``fleetscope.simulate`` (FleetServer), stepped in frozen steps,
+so its ground truth is exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import threading
+import time
+from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import fixture_text, sample_value, set_values
+from fleetscope.collector import Collector, FleetView, counter_increase
+from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope.sources.http import Endpoint
+
+LOAD = fixture_text("single_load.prom")
+AFTER = fixture_text("single_after.prom")
+GEN = r'^vllm:generation_tokens_total\{engine="0"'
+PROMPT = r'^vllm:prompt_tokens_total\{engine="0"'
+GEN_ID = "vllm:generation_tokens_total"
+TTFT = "vllm:time_to_first_token_seconds"
+COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
+BAD = "hostile.0"
+
+
+class Hostile:
+    """A loopback server that serves ``self.body`` on /metrics (404 elsewhere)."""
+
+    def __init__(self) -> None:
+        self.body = b""
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                body = owner.body
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def serve(self, body: str) -> None:
+        self.body = body.encode()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Rig:
+    def __init__(self, fleet: SimFleet, hostile: Hostile, collector: Collector):
+        self.fleet, self.hostile, self.collector = fleet, hostile, collector
+        self.truth = self._truth()
+
+    def _truth(self) -> dict[str, dict[str, float]]:
+        return {
+            e.engine_id: {f: e.truth.counter(f) for f in COUNTERS} for e in self.fleet.engines()
+        }
+
+    async def poll(self, body: str, dt: float = 1.0) -> FleetView:
+        """Step the healthy fleet, serve ``body`` on the hostile server, poll; check that the
+        healthy engines' increases are exactly the simulator's."""
+        before = self.truth
+        self.fleet.step(dt)
+        for ep in self.fleet.endpoints:
+            ep.metrics_response()
+        self.hostile.serve(body)
+        view = await self.collector.poll()
+        self.truth = self._truth()
+        assert view.keys["inference/agg/scrape_failures"] == 0
+        for eid, now in self.truth.items():
+            d = view.result.deltas[eid]
+            if d.baseline_only:
+                continue
+            for f in COUNTERS:
+                assert counter_increase(d, f.removesuffix("_total")) == now[f] - before[eid][f]
+        return view
+
+    def healthy_increase(self, view: FleetView, family: str) -> float:
+        total = 0.0
+        for eid in self.truth:
+            v = counter_increase(view.result.deltas[eid], family.removesuffix("_total"))
+            total += v or 0.0
+        return total
+
+
+@contextlib.asynccontextmanager
+async def rig() -> AsyncIterator[Rig]:
+    fleet = SimFleet(seed=3, wall_start=time.time())
+    fleet.add_endpoint(dp=1)
+    hostile = Hostile()
+    try:
+        with FleetServer(fleet) as server:
+            endpoints = [Endpoint(server.url(ep.name), ep.name) for ep in fleet.endpoints]
+            endpoints.append(Endpoint(hostile.url, "hostile"))
+            collector = Collector(
+                endpoints,
+                interval=3600.0,
+                timeout=2.0,
+                fetch_model_info=False,
+                discover_roles=False,
+            )
+            try:
+                yield Rig(fleet, hostile, collector)
+            finally:
+                await collector.stop(timeout=5.0)
+    finally:
+        hostile.close()
+
+
+def _delta(view: FleetView, eid: str, sid: str) -> float:
+    d = view.result.deltas[eid]
+    i = d.layout.index.get(sid)
+    return math.nan if i is None else float(d.delta[i])
+
+
+@pytest.mark.parametrize("value", ["+Inf", "NaN", "-5.0"])
+async def test_http_bad_counter_value_is_excluded_and_the_rest_is_exact(value):
+    async with rig() as r:
+        await r.poll(LOAD)
+        bad = set_values(AFTER, GEN, value)
+        v = await r.poll(bad)
+        # the hostile engine: its bad series left out, its other series exact
+        assert GEN_ID not in v.result.deltas[BAD].layout.index
+        assert _delta(v, BAD, "vllm:prompt_tokens_total") == sample_value(
+            AFTER, PROMPT
+        ) - sample_value(LOAD, PROMPT)
+        assert v.keys["inference/agg/generation_tokens_total/delta"] == r.healthy_increase(
+            v, GEN_ID
+        )
+        healthy_prompt = r.healthy_increase(v, "vllm:prompt_tokens_total")
+        assert v.keys["inference/agg/prompt_tokens_total/delta"] == healthy_prompt + (
+            sample_value(AFTER, PROMPT) - sample_value(LOAD, PROMPT)
+        )
+        # the next valid value counts exactly from the last valid one
+        v = await r.poll(set_values(AFTER, GEN, 2100.0))
+        assert _delta(v, BAD, GEN_ID) == 2100.0 - sample_value(LOAD, GEN)
+        assert not v.result.deltas[BAD].restarted
+        assert r.collector.summary()  # the run summary is built without raising
+
+
+async def test_http_plus_inf_on_the_first_scrape_is_no_false_restart():
+    async with rig() as r:
+        await r.poll(set_values(LOAD, GEN, "+Inf"))
+        v = await r.poll(AFTER)
+        d = v.result.deltas[BAD]
+        assert not d.restarted and d.series_new == 0
+        assert math.isnan(_delta(v, BAD, GEN_ID))  # unknown baseline: never 1998 counted
+        assert v.keys["inference/agg/engine_restarts_total"] == 0
+
+
+def _flip(kind: str, x: float, y: float) -> str:
+    head = "# TYPE vllm:x counter\n" if kind == "counter" else "# TYPE vllm:x_total gauge\n"
+    return (
+        head
+        + f'vllm:x_total{{engine="0"}} {x}\n'
+        + "# TYPE vllm:generation_tokens counter\n"
+        + f'vllm:generation_tokens_total{{engine="0"}} {y}\n'
+    )
+
+
+async def test_http_type_flip_gets_no_delta():
+    async with rig() as r:
+        await r.poll(_flip("counter", 400, 10))
+        await r.poll(_flip("gauge", 400, 20))
+        v = await r.poll(_flip("counter", 800, 30))
+        d = v.result.deltas[BAD]
+        assert d.type_changed == ("vllm:x_total",)
+        assert math.isnan(_delta(v, BAD, "vllm:x_total"))
+        assert _delta(v, BAD, GEN_ID) == 10.0
+        assert (
+            v.keys["inference/agg/generation_tokens_total/delta"]
+            == r.healthy_increase(v, GEN_ID) + 10.0
+        )
+
+
+def _stamp(body: str, ts: str) -> str:
+    return "\n".join(
+        f"{ln} {ts}" if ln and not ln.startswith("#") else ln for ln in body.split("\n")
+    )
+
+
+async def test_http_sample_timestamps_are_valid_on_every_scrape():
+    async with rig() as r:
+        await r.poll(_stamp(LOAD, "1700000000000"))
+        v = await r.poll(_stamp(AFTER, "1700000005000"))
+        assert _delta(v, BAD, GEN_ID) == sample_value(AFTER, GEN) - sample_value(LOAD, GEN)
+        v = await r.poll(_stamp(set_values(AFTER, GEN, 2000.0), "1700000010000"))
+        assert _delta(v, BAD, GEN_ID) == 2000.0 - sample_value(AFTER, GEN)
+
+
+def _cut_after(body: str, pattern: str) -> str:
+    m = re.search(pattern + r".*\n", body, re.M)
+    assert m
+    return body[: m.end()]
+
+
+async def test_http_histogram_cut_short_is_excluded():
+    async with rig() as r:
+        await r.poll(LOAD)
+        cut = _cut_after(AFTER, r'^vllm:time_to_first_token_seconds_bucket\{.*le="0\.1"')
+        v = await r.poll(cut)
+        d = v.result.deltas[BAD]
+        assert not any(sid.startswith(TTFT) for sid in d.layout.slot_ids)
+        assert _delta(v, BAD, GEN_ID) == sample_value(AFTER, GEN) - sample_value(LOAD, GEN)
+        v = await r.poll(AFTER)
+        cnt = r"^vllm:time_to_first_token_seconds_count\{"
+        want = sample_value(AFTER, cnt) - sample_value(LOAD, cnt)
+        assert _delta(v, BAD, TTFT + "_count") == want
+
+
+async def test_http_rate_divides_by_the_interval_the_increase_spans():
+    async with rig() as r:
+        await r.poll(LOAD)
+        await r.poll(set_values(AFTER, GEN, "NaN"), dt=1.0)
+        v = await r.poll(AFTER, dt=1.0)
+        d = v.result.deltas[BAD]
+        i = d.layout.index[GEN_ID]
+        assert d.span is not None and d.span[i] > d.seconds
+        gen = sample_value(AFTER, GEN) - sample_value(LOAD, GEN)
+        rate = v.result.stats.engine(BAD)["generation_tokens_total:rate"]
+        assert rate == pytest.approx(gen / d.span[i])
+        assert rate < gen / d.seconds
