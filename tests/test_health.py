@@ -96,7 +96,9 @@ async def step_and_poll(fleet: SimFleet, c: Collector, dt: float, pause: float) 
         ep.metrics_response()
     if pause:
         await asyncio.sleep(pause)
-    return await c.poll()
+    view = await c.poll()
+    await c.flush_sinks()  # sinks draw in their own threads: wait for the terminal's frame
+    return view
 
 
 def first_row_id(text: str, ids: set[str]) -> str:
@@ -182,6 +184,7 @@ async def test_condition_names_the_sick_engine_and_only_it(
     caplog.set_level(logging.WARNING, logger="fleetscope")
     async with polled(sc.specs, thresholds=sc.thresholds) as (fleet, c, terminal, screen):
         run.views.append(await c.poll())  # baselines, before the fault
+        await c.flush_sinks()
         sc.inject(fleet)
         for _ in range(sc.polls):
             screen.seek(0)
@@ -283,12 +286,17 @@ async def test_healthy_fleet_reports_nothing(
         terminal,
         screen,
     ):
-        c.on_poll = lambda _view: statuses.append({r.status for r in terminal.last_rows})
+
+        async def shown() -> None:  # what the terminal shows once it has drawn the poll
+            await c.flush_sinks()
+            statuses.append({r.status for r in terminal.last_rows})
+
         run.views.append(await c.poll())
+        await shown()
         for _ in range(polls):
             run.views.append(await step_and_poll(fleet, c, 5.0, 0.0))
+            await shown()
         # stop() polls once more without a fleet step: no token in it, and at 0 s that is a stall
-        c.on_poll = None
         kv_max = max(
             (e.kv_usage for v in run.views for e in v.engines.values() if e.kv_usage), default=0
         )

@@ -42,6 +42,7 @@ def clock_dependent(key: str) -> bool:
     return (
         ":rate" in key  # rates and their spread (`.../x:rate/cv`)
         or "scrape_latency_seconds" in key
+        or "/collector/" in key  # the collector's own poll time and load
         or key.endswith(("/generation_stalled", "/engine_outlier"))
     )
 
@@ -83,11 +84,12 @@ def check_rates(result: PollResult, prev: PollResult, prom: PrometheusServer, in
     before = {sc.endpoint: sc for sc in prev.scrapes}
     checked = 0
     for i, eid in enumerate(stats.engine_ids):
-        endpoint = eid.rsplit(".", 1)[0]
+        endpoint = eid.endpoint
         if not stats.is_engine[i] or eid not in pstats.engine_ids:
             continue
-        # the snapshot times are Prometheus' own scrape timestamps of that target
-        t1, t0 = now[endpoint].time, before[endpoint].time
+        # the snapshot wall times are Prometheus' own scrape timestamps of that target (and
+        # the monotonic times the same instants, on this process' clock)
+        t1, t0 = now[endpoint].wall_time, before[endpoint].wall_time
         stored = scrape_times(prom, inst[endpoint])
         assert t1 in stored and t0 in stored, (eid, t0, t1)
         assert stats.seconds[i] == pytest.approx(t1 - t0, abs=1e-9)
@@ -373,6 +375,6 @@ def test_a_target_scraped_while_reading_is_read_again():
 
     (sc,) = asyncio.run(run())
     assert sc.ok and sc.endpoint == "server0"
-    assert sc.time == 101.0
+    assert sc.wall_time == 101.0  # the target's own scrape time (time: this clock's)
     assert sc.exposition["0"].value("vllm:generation_tokens_total") == 7.0
     assert len(set(seen_times)) == 1 and seen_times[0] is not None  # one evaluation time

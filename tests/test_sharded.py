@@ -263,6 +263,7 @@ def clock_dependent(key: str) -> bool:
     return (
         ":rate" in key  # rates and their spread (`.../x:rate/cv`)
         or "scrape_latency_seconds" in key
+        or "/collector/" in key  # the collector's own poll time and load
         # judged over the collector's seconds (stall time, rate ratios)
         or key.endswith(("/generation_stalled", "/engine_outlier"))
     )

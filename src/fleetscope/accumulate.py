@@ -43,7 +43,8 @@ class _EngineSum:
     layout: EngineLayout
     current: EngineSnapshot
     delta: np.ndarray  # summed per-slot increases (NaN: unknown for this window)
-    covered: float = 0.0  # engine-seconds with deltas
+    covered: float = 0.0  # engine-seconds with deltas whose counts were observed
+    spanned: float = 0.0  # engine-seconds the deltas spanned
     gauge_area: np.ndarray | None = None  # sum of value * seconds per slot (gauges)
     gauge_seconds: np.ndarray | None = None
     gauge_peak: np.ndarray | None = None
@@ -130,6 +131,7 @@ class Accumulator:
         self.polls = 0
         self.failed_scrapes = 0
         self.engine_restarts = 0
+        self.restarts_unseen_tail = 0  # resets whose last counts before them were unseen
         # windows: engine-seconds each engine should have covered, from boundary to boundary
         self.expected: dict[str, float] = {}
         self._open: dict[str, float] | None = None
@@ -138,6 +140,10 @@ class Accumulator:
         # endpoint's first scrape and ends at a removed one's last, not at the boundaries
         self._joined: dict[str, float] = {}
         self._left: set[str] = set()  # engines whose expected time is already counted
+        # run labels: the engines of the latest poll, its earliest scrape, engines gone
+        self._last_present: set[str] = set()
+        self._last_poll_time = 0.0
+        self.departed: set[str] = set()
 
     def add(
         self,
@@ -147,6 +153,10 @@ class Accumulator:
     ) -> None:
         self.polls += 1
         self.failed_scrapes += failed_scrapes
+        inputs = list(inputs)
+        if inputs:
+            self._last_present = {inp.engine_id for inp in inputs}
+            self._last_poll_time = min(inp.delta.current.time for inp in inputs)
         for inp in inputs:
             d = inp.delta
             acc = self.engines.get(inp.engine_id)
@@ -170,7 +180,10 @@ class Accumulator:
                 self._open[inp.engine_id] = d.current.time - d.seconds
                 self._left.discard(inp.engine_id)
             acc.delta = acc.delta + np.where(np.isnan(d.delta), _nan_or_zero(d), d.delta)
-            acc.covered += d.seconds
+            acc.covered += d.observed_seconds  # a restart's unseen tail is not covered
+            acc.spanned += d.seconds
+            if d.tail_unseen:
+                self.restarts_unseen_tail += 1
             if d.restarted:
                 acc.restarts += 1
                 if inp.is_engine:  # an endpoint's own row restarts with its engines
@@ -196,6 +209,7 @@ class Accumulator:
         self.polls += other.polls
         self.failed_scrapes += other.failed_scrapes
         self.engine_restarts += other.engine_restarts
+        self.restarts_unseen_tail += other.restarts_unseen_tail
         self.active_seconds += other.active_seconds
         self.merge_engines(other)
 
@@ -215,6 +229,7 @@ class Accumulator:
             o2.realign(acc.layout)
             acc.delta = acc.delta + o2.delta
             acc.covered += o2.covered
+            acc.spanned += o2.spanned
             acc.restarts += o2.restarts
             for sid, vals in o2.retired.items():  # absent from both layouts
                 acc.retired[sid] = _combine(acc.retired.get(sid), vals)
@@ -297,10 +312,17 @@ class Accumulator:
             want = sum(self.expected.values())
             got = sum(min(a.covered, self.expected.get(e, 0.0)) for e, a in engines.items())
             return None if want <= 0 else round(min(1.0, got / want), 12)
-        if not engines or self.active_seconds <= 0:
+        # a run label: what the deltas spanned, plus the silence of engines absent from the
+        # last poll (failed, or gone without a departure); nothing lost means exactly 1.0
+        want = got = 0.0
+        for e, a in engines.items():
+            got += a.covered
+            want += a.spanned
+            if e not in self._last_present and e not in self.departed:
+                want += max(0.0, self._last_poll_time - a.current.time)
+        if want <= 0:
             return None
-        covered = sum(a.covered for a in engines.values())
-        return min(1.0, covered / (len(engines) * self.active_seconds))
+        return round(min(1.0, got / want), 12)
 
     def stats(self, prefixes: Iterable[str] | None = None) -> PollStats | None:
         """Reduce the sums: totals (``delta``), rates over active seconds, pooled ratios and
@@ -333,13 +355,14 @@ class Accumulator:
         for eid, a in self.engines.items():
             engines.append(
                 {
-                    "id": eid.to_json(),
+                    "id": _id_json(eid),
                     "layout": layout_to_data(a.layout),
                     "current": _floats(a.current.data),
                     "time": a.current.time,
                     "wall_time": a.current.wall_time,
                     "delta": _floats(a.delta),
                     "covered": a.covered,
+                    "spanned": a.spanned,
                     "gauge_area": None if a.gauge_area is None else _floats(a.gauge_area),
                     "gauge_seconds": None if a.gauge_seconds is None else _floats(a.gauge_seconds),
                     "gauge_peak": None if a.gauge_peak is None else _floats(a.gauge_peak),
@@ -356,7 +379,8 @@ class Accumulator:
             "polls": self.polls,
             "failed_scrapes": self.failed_scrapes,
             "engine_restarts": self.engine_restarts,
-            "expected": [[e.to_json(), v] for e, v in self.expected.items()],
+            "restarts_unseen_tail": self.restarts_unseen_tail,
+            "expected": [[_id_json(e), v] for e, v in self.expected.items()],
             "engines": engines,
         }
 
@@ -367,6 +391,7 @@ class Accumulator:
         acc.polls = int(state["polls"])
         acc.failed_scrapes = int(state["failed_scrapes"])
         acc.engine_restarts = int(state["engine_restarts"])
+        acc.restarts_unseen_tail = int(state.get("restarts_unseen_tail", 0))
         acc.expected = {EngineId.from_json(e): float(v) for e, v in state.get("expected", [])}
         for e in state["engines"]:
             eid = EngineId.from_json(e["id"])
@@ -382,6 +407,7 @@ class Accumulator:
                 snap,
                 delta,
                 covered=float(e["covered"]),
+                spanned=float(e.get("spanned", e["covered"])),
                 gauge_area=arr(e["gauge_area"]),
                 gauge_seconds=arr(e["gauge_seconds"]),
                 gauge_peak=arr(e["gauge_peak"]),
@@ -467,6 +493,10 @@ def _endpoint(engine: str) -> str:
     return engine.endpoint if isinstance(engine, EngineId) else engine
 
 
+def _id_json(engine: str) -> list[str | None]:
+    return engine.to_json() if isinstance(engine, EngineId) else [engine, None]
+
+
 def _nan_or_zero(d: EngineDelta) -> np.ndarray:
     """Unknown increases stay unknown (NaN) in cumulative slots; other slots add nothing."""
     out = np.zeros(len(d.delta))
@@ -485,15 +515,16 @@ def _copy(a: _EngineSum) -> _EngineSum:
         a.layout,
         a.current,
         a.delta.copy(),
-        a.covered,
-        None if a.gauge_area is None else a.gauge_area.copy(),
-        None if a.gauge_seconds is None else a.gauge_seconds.copy(),
-        None if a.gauge_peak is None else a.gauge_peak.copy(),
-        a.role,
-        a.groups,
-        a.is_engine,
-        a.restarts,
-        dict(a.retired),
+        covered=a.covered,
+        spanned=a.spanned,
+        gauge_area=None if a.gauge_area is None else a.gauge_area.copy(),
+        gauge_seconds=None if a.gauge_seconds is None else a.gauge_seconds.copy(),
+        gauge_peak=None if a.gauge_peak is None else a.gauge_peak.copy(),
+        role=a.role,
+        groups=a.groups,
+        is_engine=a.is_engine,
+        restarts=a.restarts,
+        retired=dict(a.retired),
     )
 
 

@@ -283,6 +283,8 @@ class Collector:
         now on is counted on top of the saved sums."""
         with self._lock:
             self.windows.load_state_dict(state["windows"])
+            self._ledger.active = set(self.windows.active)
+            self._ledger.paused = set(self.windows.paused)
             restarts = state.get("restarts", [])
             pairs = restarts.items() if isinstance(restarts, Mapping) else restarts
             for e, n in pairs:

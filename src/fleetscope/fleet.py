@@ -73,6 +73,10 @@ class FleetState:
         self.restarts: dict[EngineId, int] = {}
         self.scrape_failures_total: dict[str, int] = {}
         self._prev_poll: tuple[float, float] | None = None  # (monotonic, wall) of last poll
+        self._first_attempt: dict[str, float] = {}  # endpoint -> wall time of its first scrape
+        self.invalid_series_total = 0
+        self._invalid_seen: set[tuple[str, str, str]] = set()  # warned once each
+        self._invalid_this_poll: dict[str, int] = {}
         self.roles: dict[str, Role | None] = {}  # endpoint -> role
         self.engine_role: dict[EngineId, Role | None] = {}
         # a crash-looping engine is counted every time, but warned about once per interval
@@ -102,6 +106,7 @@ class FleetState:
             if isinstance(eid, EngineId) and eid.endpoint == endpoint:
                 self.forget_engine(eid)
         self.roles.pop(endpoint, None)
+        self._first_attempt.pop(endpoint, None)
 
     def fold(
         self, scrapes: Sequence[ScrapeResult]
@@ -111,8 +116,10 @@ class FleetState:
         deltas: dict[EngineId, EngineDelta] = {}
         restarts: list[EngineId] = []
         for sc in scrapes:
+            first_attempt = self._first_attempt.setdefault(sc.endpoint, sc.wall_time)
             if sc.exposition is None:
                 continue
+            self._note_invalid(sc)
             rows = [
                 (EngineId(sc.endpoint, label), snap, True, sc.engine_roles.get(label, sc.role))
                 for label, snap in sc.exposition.items()
@@ -121,12 +128,33 @@ class FleetState:
                 rows.append((EngineId(sc.endpoint), sc.exposition.endpoint, False, sc.role))
             for eid, snap, is_engine, role in rows:
                 interval = None
-                if eid not in self.baselines and self._prev_poll is not None:
-                    start = snap.start_time
-                    prev_mono, prev_wall = self._prev_poll
-                    if start is not None and start > prev_wall + self.clock_skew:
-                        interval = max(snap.time - prev_mono, 0.0)
-                d = self.baselines.advance(eid, snap, new_engine_interval=interval)
+                known = eid in self.baselines
+                start = snap.start_time
+                if not known and start is not None:
+                    if self._prev_poll is not None and start > self._prev_poll[1] + self.clock_skew:
+                        # started after the previous poll: everything it counted is new
+                        interval = max(snap.time - self._prev_poll[0], 0.0)
+                    elif start > first_attempt + self.clock_skew:
+                        # started after its endpoint joined (refused until then, as every
+                        # vLLM is for its first 30-50 s): counted from 0, over its own life
+                        interval = max(snap.wall_time - start, 0.0)
+                # refused in between and no start-time evidence: a restart could hide
+                unknown = known and sc.refused_since_success and start is None
+                d = self.baselines.advance(
+                    eid, snap, new_engine_interval=interval, continuity_unknown=unknown
+                )
+                if d.type_changed:
+                    self._warner.warn(
+                        f"type:{eid}",
+                        f"{eid}: the type of {', '.join(d.type_changed[:3])} changed; its "
+                        "baseline was dropped (no delta this poll)",
+                    )
+                if unknown:
+                    self._warner.warn(
+                        f"continuity:{eid}",
+                        f"{eid}: {sc.endpoint} refused connections since its last scrape and "
+                        "shows no start time: a restart cannot be ruled out, coverage lowered",
+                    )
                 # the endpoint's engine-less row restarts with its engines: count engines only
                 if d.restarted and not d.baseline_only and interval is None and is_engine:
                     restarts.append(eid)
@@ -144,6 +172,32 @@ class FleetState:
         if ok:
             self._prev_poll = (max(sc.time for sc in ok), max(sc.wall_time for sc in ok))
         return inputs, deltas, restarts
+
+    def _note_invalid(self, sc: ScrapeResult) -> None:
+        """Series left out of this scrape for bad values: warned once per endpoint and series,
+        counted in a key."""
+        assert sc.exposition is not None
+        invalid = sc.exposition.invalid
+        if not invalid:
+            return
+        self._invalid_this_poll[sc.endpoint] = len(invalid)
+        self.invalid_series_total += len(invalid)
+        for inv in invalid:
+            key = (sc.endpoint, inv.engine, inv.series)
+            if key in self._invalid_seen or len(self._invalid_seen) > 100_000:
+                continue
+            self._invalid_seen.add(key)
+            where = f"{sc.endpoint}.{inv.engine}" if inv.engine else sc.endpoint
+            log.warning(
+                "fleetscope: %s: series %s left out (%s): its baseline is kept, it counts "
+                "again from its next valid value",
+                where,
+                inv.series,
+                inv.reason,
+            )
+
+    def forget_first_attempt(self, endpoint: str) -> None:
+        self._first_attempt.pop(endpoint, None)
 
     def finish(
         self,
@@ -205,6 +259,9 @@ class FleetState:
                 out[base + "scrape_latency_seconds/max"] = max(lat)
                 out[base + "scrape_latency_seconds/mean"] = sum(lat) / len(lat)
         base = self._scope_base("agg")
+        out[base + "invalid_series"] = float(sum(self._invalid_this_poll.values()))
+        out[base + "invalid_series_total"] = float(self.invalid_series_total)
+        self._invalid_this_poll = {}
         out[base + "scrape_failures_total"] = float(sum(self.scrape_failures_total.values()))
         out[base + "engine_restarts_total"] = float(sum(self.restarts.values()))
         return out

@@ -359,7 +359,7 @@ def skyrl_interval_keys(
         else:
             _skyrl_position_keys(s.metrics, sbase, out)
             _cv_engine_keys(stats, scope, sbase, out)
-    for k in ("coverage", "failed_scrapes", "engine_restarts"):
+    for k in ("coverage", "failed_scrapes", "engine_restarts", "restarts_unseen_tail"):
         v = meta.get(k)
         if v is not None and _finite(v):
             out[f"{base}/{k}"] = float(v)

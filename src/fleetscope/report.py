@@ -21,6 +21,7 @@ def accumulator_keys(
         "polls": float(acc.polls),
         "failed_scrapes": float(acc.failed_scrapes),
         "engine_restarts": float(acc.engine_restarts),
+        "restarts_unseen_tail": float(acc.restarts_unseen_tail),
     }
     base = (summary_prefix(options) if summary else key_prefix(options)) + "/" + label
     if options.schema == "skyrl":

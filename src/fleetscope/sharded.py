@@ -26,15 +26,16 @@ import numpy as np
 
 from fleetscope.collector import Collector
 from fleetscope.config import CollectorConfig
-from fleetscope.exposition import Exposition
+from fleetscope.exposition import Exposition, InvalidSeries
 from fleetscope.identity import Role
 from fleetscope.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.sources._membership import Endpoint, EndpointSet
 from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http import HttpSource
 
-# (label, layout token, values, process start) of one engine, "" label = the endpoint's row
-_Packed = tuple[str, str, np.ndarray, float | None]
+# (label, layout token, values, process start, invalid series) of one engine ("" label: the
+# endpoint's row)
+_Packed = tuple[str, str, np.ndarray, float | None, frozenset[str]]
 
 
 class ShardWorker:
@@ -86,15 +87,17 @@ class ShardWorker:
                 expo = sc.exposition
                 types = expo.types
                 engines = [
-                    (label, self._token(s.layout, new), s.data, s.process_start)
+                    (label, self._token(s.layout, new), s.data, s.process_start, s.invalid)
                     for label, s in expo.items()
                 ]
                 if expo.endpoint is not None:
                     s = expo.endpoint
-                    engines.append(("", self._token(s.layout, new), s.data, s.process_start))
+                    tok = self._token(s.layout, new)
+                    engines.append(("", tok, s.data, s.process_start, s.invalid))
             meta = {f.name: getattr(sc, f.name) for f in fields(sc) if f.name != "exposition"}
             meta["engine_roles"] = dict(sc.engine_roles)
-            packed.append((meta, engines, dict(types)))
+            invalid = sc.exposition.invalid if sc.exposition is not None else ()
+            packed.append((meta, engines, dict(types), invalid))
         return {
             "scrapes": packed,
             "layouts": new,
@@ -213,8 +216,8 @@ class ShardedSource:
                 self._departures.append(
                     Departure(endpoint=name, time=None if t is None else t + offset)
                 )
-            for meta, engines, types in reply["scrapes"]:
-                sc = self._unpack(meta, engines, types, offset)
+            for meta, engines, types, invalid in reply["scrapes"]:
+                sc = self._unpack(meta, engines, types, invalid, offset)
                 by_name[sc.endpoint] = sc
         # in the endpoints' order: rows, and every float sum over them, as one collector's
         return [by_name[e.name] for e in self.endpoints if e.name in by_name]
@@ -224,6 +227,7 @@ class ShardedSource:
         meta: dict[str, Any],
         engines: list[_Packed] | None,
         types: Mapping[str, str],
+        invalid: tuple[InvalidSeries, ...],
         offset: float,
     ) -> ScrapeResult:
         t = meta["time"] + offset
@@ -231,15 +235,15 @@ class ShardedSource:
         if engines is not None:
             snaps: dict[str, EngineSnapshot] = {}
             endpoint_row = None
-            for label, tok, data, pstart in engines:
+            for label, tok, data, pstart, bad in engines:
                 snap = EngineSnapshot(
-                    label, self._layouts[tok], data, t, meta["wall_time"], pstart
+                    label, self._layouts[tok], data, t, meta["wall_time"], pstart, bad
                 )
                 if label == "":
                     endpoint_row = snap
                 else:
                     snaps[label] = snap
-            expo = Exposition(snaps, endpoint_row, types)
+            expo = Exposition(snaps, endpoint_row, types, invalid)
         return ScrapeResult(**{**meta, "time": t, "exposition": expo})
 
     def _shard_failed(self, i: int, error: BaseException) -> dict[str, ScrapeResult]:

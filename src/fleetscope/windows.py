@@ -72,6 +72,7 @@ class WindowSet:
         self.paused: dict[str, Window] = {}
         self.run: dict[str, Accumulator] = {COMBINED: Accumulator(COMBINED)}
         self.last_attributed_time: float | None = None
+        self._resume_at_next_poll: set[str] = set()
 
     # ------------------------------------------------------------------ state changes
 
@@ -129,14 +130,18 @@ class WindowSet:
 
     def endpoint_leaves(self, endpoint: str, time: float) -> None:
         """An endpoint left the fleet (last scraped at ``time``): open windows stop expecting
-        its engines there."""
+        its engines there, run labels stop expecting them at all."""
         for w in self.active.values():
             w.acc.endpoint_leaves(endpoint, time)
+        for acc in self.run.values():
+            acc.departed.update(e for e in acc.engines if getattr(e, "endpoint", e) == endpoint)
 
     def engine_leaves(self, engine: EngineId, time: float) -> None:
         """An engine is gone for good (last scraped at ``time``)."""
         for w in self.active.values():
             w.acc.engine_leaves(engine, time)
+        for acc in self.run.values():
+            acc.departed.add(engine)
 
     # ------------------------------------------------------------------ attribution
 
@@ -150,6 +155,11 @@ class WindowSet:
         """Give one poll's deltas to every active window (or to ``idle``) and to the run."""
         prev = self.last_attributed_time
         self.last_attributed_time = now
+        for label in self._resume_at_next_poll:  # restored from a checkpoint, open again
+            w = self.active[label]
+            w.resumed_at = now
+            w.acc.open_span(now, {})
+        self._resume_at_next_poll = set()
         elapsed = 0.0 if prev is None else max(0.0, now - prev)
         self.run[COMBINED].add(inputs, failed_scrapes=failed_scrapes)
         self.run[COMBINED].add_seconds(elapsed)
@@ -163,11 +173,41 @@ class WindowSet:
 
     # ------------------------------------------------------------------ persistence
 
-    def state_dict(self) -> dict:
-        return {"run": {k: v.state_dict() for k, v in self.run.items()}, "version": 1}
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: every run label, and the windows still open or paused (an open
+        window is saved as if paused at the last poll, and resumes at the first poll after
+        :meth:`load_state_dict`: its pre-checkpoint part is kept)."""
+        now = self.last_attributed_time
+        open_windows = []
+        for label, w in [*self.active.items(), *self.paused.items()]:
+            acc = Accumulator.from_state_dict(w.acc.state_dict())
+            acc.expected = dict(w.acc.expected)
+            if label in self.active and now is not None:
+                acc.add_seconds(now - (now if w.resumed_at is None else w.resumed_at))
+                acc._open, acc._open_default = dict(w.acc._open or {}), w.acc._open_default
+                acc._joined, acc._left = dict(w.acc._joined), set(w.acc._left)
+                acc.close_span(now, {})
+            open_windows.append(
+                {"label": label, "active": label in self.active, "acc": acc.state_dict()}
+            )
+        return {
+            "run": {k: v.state_dict() for k, v in self.run.items()},
+            "open": open_windows,
+            "version": 1,
+        }
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != 1:
             raise ValueError("unknown fleetscope window state version")
         self.run = {k: Accumulator.from_state_dict(v) for k, v in state["run"].items()}
         self.run.setdefault(COMBINED, Accumulator(COMBINED))
+        self.active, self.paused = {}, {}
+        for o in state.get("open", []):
+            acc = Accumulator.from_state_dict(o["acc"])
+            w = Window(o["label"], acc, "paused")
+            if o["active"]:
+                w.state = "active"
+                self._resume_at_next_poll.add(o["label"])
+                self.active[o["label"]] = w
+            else:
+                self.paused[o["label"]] = w

@@ -95,8 +95,9 @@ class PrometheusSource:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="fleetscope-prom")
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
         # the targets' scrape times are wall clock; ScrapeResult.time is this process'
-        # monotonic clock: translated with one offset, read once, so intervals stay exact
-        self._clock_offset = time.monotonic() - time.time()
+        # monotonic clock: translated with one offset, read once and rounded to 2^-10 s so
+        # that adding it to a wall timestamp is exact (intervals stay exact to the bit)
+        self._clock_offset = round((time.monotonic() - time.time()) * 1024) / 1024
 
     async def aclose(self) -> None:
         await self._client.aclose()

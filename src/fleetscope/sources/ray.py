@@ -534,7 +534,13 @@ class RaySource:
                 if self._fresh[wid] is None:
                     self._fresh[wid] = snap.wall_time
                 snap = EngineSnapshot(
-                    label, snap.layout, snap.data, snap.time, snap.wall_time, self._fresh[wid]
+                    label,
+                    snap.layout,
+                    snap.data,
+                    snap.time,
+                    snap.wall_time,
+                    self._fresh[wid],
+                    snap.invalid,
                 )
             kept[label] = snap
             values = [v for e, _ in pieces for v in (e.worker_id, e.replica_id, e.model_name) if v]
@@ -548,7 +554,9 @@ class RaySource:
         """One snapshot from an engine's pieces; the agent's process start is dropped."""
         first = pieces[0]
         if len(pieces) == 1:
-            return EngineSnapshot(label, first.layout, first.data, first.time, first.wall_time)
+            return EngineSnapshot(
+                label, first.layout, first.data, first.time, first.wall_time, None, first.invalid
+            )
         key = tuple(id(p.layout) for p in pieces)
         m = self._merged.get(key)
         if m is None or any(a is not p.layout for a, p in zip(m.sources, pieces, strict=True)):
@@ -558,7 +566,8 @@ class RaySource:
             self._merged[key] = m
         data = np.concatenate([p.data for p in pieces])
         merged = np.bincount(m.target, weights=data, minlength=m.n)
-        return EngineSnapshot(label, m.layout, merged, first.time, first.wall_time)
+        invalid = frozenset().union(*(p.invalid for p in pieces))
+        return EngineSnapshot(label, m.layout, merged, first.time, first.wall_time, None, invalid)
 
 
 def _has_series(layout: EngineLayout) -> bool:
