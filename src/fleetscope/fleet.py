@@ -134,7 +134,7 @@ class FleetState:
                     if self._prev_poll is not None and start > self._prev_poll[1] + self.clock_skew:
                         # started after the previous poll: everything it counted is new
                         interval = max(snap.time - self._prev_poll[0], 0.0)
-                    elif start > first_attempt + self.clock_skew:
+                    elif first_attempt + self.clock_skew < start <= snap.wall_time + self.clock_skew:
                         # started after its endpoint joined (refused until then, as every
                         # vLLM is for its first 30-50 s): counted from 0, over its own life
                         interval = max(snap.wall_time - start, 0.0)
