@@ -328,10 +328,36 @@ FAULTS: dict[str, tuple[Callable[[SimEndpoint], None], str]] = {
         lambda ep: ep.set_content_type("text/html; charset=utf-8"),
         "wrong content type",
     ),
-    "nan_in_counter": (lambda ep: ep.set_nan_values(), "NaN in a cumulative series"),
     "duplicate_series": (lambda ep: ep.set_duplicate_series(), "duplicate series"),
     "disconnect": (lambda ep: ep.set_disconnect(), "server1"),
 }
+
+
+async def test_nan_counters_are_left_out_not_the_scrape(caplog: pytest.LogCaptureFixture) -> None:
+    """A NaN counter sample no longer fails the whole scrape (docs/bad-data.md): the bad series
+    are left out with one warning naming the endpoint, counted in a key, and once they are
+    valid again the totals are exact over the whole interval (their baselines were kept)."""
+    fleet = fleet_of((1, "single"), (2, "multiprocess"))
+    async with rig(fleet, caplog) as r:
+        everyone = engines_of(fleet, "server0") + engines_of(fleet, "server1")
+        r.advance(3.0)
+        _, t0 = await r.poll()
+        fleet.endpoint("server1").set_nan_values()
+        r.advance(1.0)
+        view, _ = await r.poll()
+        assert view.endpoints_reporting == 2  # the scrape itself is valid
+        assert view.keys["inference/agg/invalid_series"] > 0
+        msgs = [m for m in warnings_about(caplog, "left out") if "server1" in m]
+        assert msgs and all("NaN" in m for m in msgs), msgs
+        fleet.endpoint("server1").clear_faults()
+        r.advance(1.0)
+        await r.poll()  # the series come back: counted from their kept baselines
+        r.advance(1.0)
+        view, t3 = await r.poll()
+        assert view.keys["inference/agg/invalid_series"] == 0
+    key = "inference_summary/combined/agg/generation_tokens_total/delta"
+    want = sum(t3[e]["vllm:generation_tokens_total"] - t0[e]["vllm:generation_tokens_total"] for e in everyone)
+    assert r.collector.summary()[key] == want
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))

@@ -20,7 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import fixture_text, sample_value, set_values
-from fleetscope.collector import Collector, FleetView, counter_increase
+from fleetscope.collector import Collector, FleetView
+from fleetscope.view import counter_increase
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sources.http import Endpoint
 

@@ -195,6 +195,7 @@ class Accumulator:
                     acc.gauge_area = np.zeros(n)
                     acc.gauge_seconds = np.zeros(n)
                     acc.gauge_peak = np.full(n, np.nan)
+                assert acc.gauge_seconds is not None and acc.gauge_peak is not None
                 v = d.current.data[gslots]
                 ok = ~np.isnan(v)
                 acc.gauge_area[gslots[ok]] += v[ok] * d.seconds

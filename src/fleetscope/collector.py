@@ -384,7 +384,8 @@ class Collector:
             self.windows.attribute(
                 result.inputs, now=result.time, failed_scrapes=sum(1 for s in scrapes if not s.ok)
             )
-            result.events = self.health.evaluate(result, dict(self.state.engine_role))
+            roles: dict[str, str | None] = {k: v for k, v in self.state.engine_role.items()}
+            result.events = self.health.evaluate(result, roles)
             result.keys.update(health_keys(result.events, self._prefix))
             for ev in result.events:
                 if ev.condition != "scrape_failed":  # the source already warned, naming it
@@ -394,7 +395,7 @@ class Collector:
             lens = self.source.max_model_len if isinstance(self.source, ModelInfoSource) else {}
             return build_view(
                 result,
-                known_engines=self.state.baselines.engines(),
+                known_engines=[e for e in self.state.baselines.engines() if isinstance(e, EngineId)],
                 engine_roles=self.state.engine_role,
                 endpoint_roles=self.state.roles,
                 max_model_len=lens,

@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 
 from fleetscope.catalog import DECODE_ONLY_METRICS
-from fleetscope.stats.reduce import PollStats
+from fleetscope.stats.reduce import PollStats, ScopeStats
 
 Schema = Literal["prime-rl", "skyrl"]
 
@@ -112,7 +112,10 @@ def scope_keys(
     only their headline stats (:data:`GROUP_HEADLINES`), as many scopes as fit; ``agg`` and
     the role scopes are always complete."""
 
-    def render(scopes, only: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, float]:
+    def render(
+        scopes: Iterable[tuple[str, ScopeStats]],
+        only: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> dict[str, float]:
         out: dict[str, float] = {}
         for scope, s in scopes:
             base = f"{prefix}/{scope}/"
@@ -198,7 +201,9 @@ def tail_engines(stats: PollStats, metrics: Iterable[str] = HEADLINE_METRICS) ->
     return list(chosen)
 
 
-def prime_rl_keys(stats: PollStats, prefix: str = "inference", budget: int = DEFAULT_KEY_BUDGET):
+def prime_rl_keys(
+    stats: PollStats, prefix: str = "inference", budget: int = DEFAULT_KEY_BUDGET
+) -> dict[str, float]:
     out = scope_keys(stats, prefix, budget)
     n_cols = len(stats.columns)
     if len(out) + n_cols * len(stats.engine_ids) <= budget:
@@ -320,9 +325,9 @@ def interval_keys(
                 if _finite(v):
                     out[f"{base}/{scope}/{metric}/{stat}"] = v
         out[f"{base}/{scope}/engines"] = float(s.engines)
-    for k, v in meta.items():
-        if v is not None and _finite(v):
-            out[f"{base}/{k}"] = float(v)
+    for k, mv in meta.items():
+        if mv is not None and _finite(mv):
+            out[f"{base}/{k}"] = float(mv)
     return out
 
 

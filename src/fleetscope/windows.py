@@ -80,7 +80,7 @@ class WindowSet:
         """Raise :class:`WindowError` if ``action`` is not valid for ``label`` now."""
         check_action(action, label, self.active.keys(), self.paused.keys())
 
-    def start(self, label: str, now: float, times: Mapping[EngineId, float] | None = None) -> Window:
+    def start(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
         """Open a window; ``times``: each engine's scrape time in the boundary poll."""
         self.check("start", label)
         w = Window(label, Accumulator(label), "active", now, now)
@@ -88,7 +88,7 @@ class WindowSet:
         self.active[label] = w
         return w
 
-    def pause(self, label: str, now: float, times: Mapping[EngineId, float] | None = None) -> Window:
+    def pause(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
         self.check("pause", label)
         w = self.active.pop(label)
         w.acc.add_seconds(now - (now if w.resumed_at is None else w.resumed_at))
@@ -97,7 +97,7 @@ class WindowSet:
         self.paused[label] = w
         return w
 
-    def resume(self, label: str, now: float, times: Mapping[EngineId, float] | None = None) -> Window:
+    def resume(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
         self.check("resume", label)
         w = self.paused.pop(label)
         w.state = "active"
@@ -106,7 +106,7 @@ class WindowSet:
         self.active[label] = w
         return w
 
-    def stop(self, label: str, now: float, times: Mapping[EngineId, float] | None = None) -> Window:
+    def stop(self, label: str, now: float, times: Mapping[str, float] | None = None) -> Window:
         self.check("stop", label)
         w = self.active.pop(label, None)
         if w is not None:
@@ -118,7 +118,7 @@ class WindowSet:
         self.run.setdefault(label, Accumulator(label)).merge(w.acc)
         return w
 
-    def stop_all(self, now: float, times: Mapping[EngineId, float] | None = None) -> list[Window]:
+    def stop_all(self, now: float, times: Mapping[str, float] | None = None) -> list[Window]:
         """The end of the run: stop every window still open or paused."""
         return [self.stop(label, now, times) for label in [*self.active, *self.paused]]
 

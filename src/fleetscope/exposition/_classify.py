@@ -190,17 +190,17 @@ def build_layout(
         for c in counters
     ]
     hists = []
-    for (fam, labels), part in hist_parts.items():
+    for (fam, hlabels), part in hist_parts.items():
         b = sorted(part["b"])
         hists.append(
             HistogramSeries(
                 fam,
-                labels,
+                hlabels,
                 tuple(x for x, _ in b),
                 tuple(s for _, s in b),
                 part.get("sum", -1),
                 part.get("count", -1),
-                created_of.get((fam, labels), -1),
+                created_of.get((fam, hlabels), -1),
             )
         )
     layout = EngineLayout(

@@ -430,9 +430,9 @@ class SimEndpoint:
         else:
             for engine in self.engines:
                 hist = engine.exported.histograms[spec.name][()]
-                created = engine.created[(spec.name, ())] if single else None
+                hcreated = engine.created[(spec.name, ())] if single else None
                 labels = self._child_labels(engine, None, ())
-                _histogram_rows(rows, base, labels, hist, created, single)
+                _histogram_rows(rows, base, labels, hist, hcreated, single)
         return base, kind, spec.help, rows
 
     def _engine_series(

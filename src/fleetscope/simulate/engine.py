@@ -219,7 +219,8 @@ class SimEngine:
             if not spec.per_engine:
                 continue
             if spec.kind == "counter":
-                for key in [(v,) for v in spec.label_values] or [()]:
+                keys: list[tuple[str, ...]] = [(v,) for v in spec.label_values] or [()]
+                for key in keys:
                     self.exported.ensure_counter(spec.name, key)
                     self.truth.ensure_counter(spec.name, key)
                     self._note_created(spec.name, key)

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.sinks.base import EventSink, PollSink, RunSink, Sink, WindowSink
@@ -38,9 +38,7 @@ class _Worker:
         self.bound = bound
         self.dropped = 0
         self._warner = warner
-        self._items: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]] | object] = (
-            collections.deque()
-        )
+        self._items: collections.deque[object] = collections.deque()
         self._polls = 0  # polls in the queue (the bounded kind)
         self._cv = threading.Condition()
         self._idle = threading.Event()
@@ -81,7 +79,7 @@ class _Worker:
             if item is _STOP:
                 self._idle.set()
                 return
-            fn, args, droppable = item  # type: ignore[misc]
+            fn, args, droppable = cast("tuple[Callable[..., Any], tuple[Any, ...], bool]", item)
             try:
                 fn(*args)
             except Exception as e:

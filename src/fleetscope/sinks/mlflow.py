@@ -238,7 +238,9 @@ class MlflowSink:
 
     def _send(self, metrics: list[Any], tags: list[Any], *, what: str) -> bool:
         """Write in batches MLflow accepts; on failure warn, pause, drop the rest."""
-        batches = [(m, []) for m in _chunks(metrics, MAX_METRICS_PER_BATCH)]
+        batches: list[tuple[list[Any], list[Any]]] = [
+            (m, []) for m in _chunks(metrics, MAX_METRICS_PER_BATCH)
+        ]
         batches += [([], t) for t in _chunks(tags, MAX_TAGS_PER_BATCH)]
         for m, t in batches:
             try:

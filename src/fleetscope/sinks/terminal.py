@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from fleetscope.sinks.base import Value
 
@@ -141,13 +141,15 @@ class TerminalSink:
         self.live = self.console.is_terminal if live is None else live
         self.title = title
         self.max_rows = max_rows
-        self._live = None
+        self._live: Any = None
         self._log_swaps: list = []  # (logging handler, its own stream) while the view is live
         self._lock = threading.Lock()
         self.summary: dict[str, Value] = {}
         self.last_rows: list[EngineRow] = []
 
-    def render(self, result: PollResult, roles: Mapping[str, str | None] | None = None):
+    def render(
+        self, result: PollResult, roles: Mapping[str, str | None] | None = None
+    ) -> Any:
         from rich.console import Group
         from rich.table import Table
         from rich.text import Text
@@ -193,7 +195,7 @@ class TerminalSink:
             ("hit", "right"),
             ("TTFT", "right"),
         ):
-            table.add_column(col, justify=just)
+            table.add_column(col, justify=just)  # type: ignore[arg-type]
         # the engine id is what the operator acts on: never cut it ("serve…") on a narrow
         # console (80 columns when piped); the numeric columns wrap instead
         id_width = max((len(r.engine_id) for r in rows[: self.max_rows]), default=6)

@@ -14,6 +14,7 @@ negotiates OpenMetrics) are mapped back to ``vllm:``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import re
@@ -215,8 +216,7 @@ class PrometheusSource:
             parser = self._parsers.setdefault(inst, Parser())
             try:
                 expo = await asyncio.get_running_loop().run_in_executor(
-                    self._pool,
-                    lambda p=parser, t=text, m=mono, w=wall: p.parse(t, time=m, wall_time=w),
+                    self._pool, functools.partial(parser.parse, text, time=mono, wall_time=wall)
                 )
             except ExpositionError as e:
                 self._warner.warn(f"{inst}:parse", f"{name} ({inst}) from Prometheus: {e}")

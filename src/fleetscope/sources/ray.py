@@ -29,6 +29,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def worker_ids_of_actors(actors: Sequence, timeout: float = IDENTITY_LOOKUP_TIME
     return [_worker_id_from_gcs(a, deadline, gcs_state, gcs_pb2) for a in ids]
 
 
-def _worker_id_from_gcs(actor_id: str, deadline: float, gcs_state, gcs_pb2) -> str:
+def _worker_id_from_gcs(actor_id: str, deadline: float, gcs_state: Any, gcs_pb2: Any) -> str:
     import ray
 
     states = gcs_pb2.ActorTableData.ActorState
@@ -131,8 +132,9 @@ def _worker_ids_from_state_api(actor_ids: Sequence[str], deadline: float) -> lis
         st = get_actor(actor_id, timeout=left)
         if st is None or st.pid is None:
             raise LookupError(f"actor {actor_id} not found or not alive")
+        filters: list[Any] = [("pid", "=", int(st.pid)), ("node_id", "=", st.node_id)]
         workers = list_workers(
-            filters=[("pid", "=", int(st.pid)), ("node_id", "=", st.node_id)],
+            filters=filters,
             timeout=left,
         )
         if not workers:
@@ -572,10 +574,12 @@ class RaySource:
 
 def _has_series(layout: EngineLayout) -> bool:
     """Whether a piece carries engine metrics beyond info gauges."""
-    return any(
-        s.name.startswith(_ENGINE_PREFIXES)
-        for s in (*layout.counters, *layout.gauges, *layout.histograms)
-    )
+    series: list[CounterSeries | GaugeSeries | HistogramSeries] = [
+        *layout.counters,
+        *layout.gauges,
+        *layout.histograms,
+    ]
+    return any(s.name.startswith(_ENGINE_PREFIXES) for s in series)
 
 
 def _is_engine(layout: EngineLayout) -> bool:
@@ -658,7 +662,7 @@ def _merge_layouts(layouts: tuple[EngineLayout, ...]) -> _Merged:
     return _Merged(layouts, layout, np.array(target, dtype=np.intp), len(index))
 
 
-def _ray_nodes():
+def _ray_nodes() -> list[dict[str, Any]]:
     import ray
 
     return ray.nodes()

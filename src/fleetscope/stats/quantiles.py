@@ -21,7 +21,9 @@ import numpy as np
 PRECISION_TOLERANCE = 1e-12
 
 
-def bucket_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
+def bucket_quantile(
+    q: float, bounds: Sequence[float], counts: Sequence[float] | np.ndarray
+) -> float:
     """The q-quantile of cumulative ``counts`` at upper ``bounds`` (PromQL semantics)."""
     if math.isnan(q):
         return math.nan
@@ -101,7 +103,7 @@ def shared_bounds(layouts: Iterable[Sequence[float]]) -> tuple[float, ...]:
 
 
 def pool_buckets(
-    histograms: Sequence[tuple[Sequence[float], Sequence[float]]],
+    histograms: Sequence[tuple[Sequence[float], Sequence[float] | np.ndarray]],
 ) -> tuple[tuple[float, ...], np.ndarray]:
     """Sum cumulative bucket counts of several histograms on the intersection of their bounds.
 
@@ -128,7 +130,7 @@ def pool_buckets(
 
 
 def pooled_quantiles(
-    histograms: Sequence[tuple[Sequence[float], Sequence[float]]],
+    histograms: Sequence[tuple[Sequence[float], Sequence[float] | np.ndarray]],
     qs: Sequence[float] = (0.5, 0.9, 0.99),
 ) -> list[float]:
     """Quantiles of the pooled histogram (NaN when there are no observations)."""

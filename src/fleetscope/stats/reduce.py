@@ -129,7 +129,14 @@ class _PlanBuilder:
         if c is not None:
             self.rates.append((c, self.delta(slots)))
 
-    def ratio(self, name: str, num: Sequence[int], den: Sequence[int], scale=1.0, offset=0.0):
+    def ratio(
+        self,
+        name: str,
+        num: Sequence[int],
+        den: Sequence[int],
+        scale: float = 1.0,
+        offset: float = 0.0,
+    ) -> None:
         c = self._col(name, "ratio")
         if c is not None:
             self.ratios.append((c, self.delta(num), self.delta(den), scale, offset))
@@ -142,7 +149,7 @@ class _PlanBuilder:
     def build(self) -> Plan:
         def flat(groups: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
             idx = [s for g in groups for s in g]
-            starts = np.cumsum([0] + [len(g) for g in groups[:-1]]) if groups else []
+            starts = np.cumsum([0] + [len(g) for g in groups[:-1]]) if groups else np.zeros(0)
             return np.array(idx, dtype=np.intp), np.array(starts, dtype=np.intp)
 
         v_idx, v_starts = flat([g for _, g in self.value_groups])
@@ -442,7 +449,7 @@ def partial_reduce(
             )
         out, dcols = engine_matrix(plan, values, deltas, seconds[rows], spans)
         cols = np.array([columns[c] for c in plan.names], dtype=np.intp)
-        matrix[np.ix_(rows, cols)] = out
+        matrix[np.ix_(np.asarray(rows, dtype=np.intp), cols)] = out
         if len(plan.rate_cols):
             rate_delta[np.ix_(rows, cols[plan.rate_cols])] = dcols[:, plan.rate_src]
         if len(plan.ratio_cols):
