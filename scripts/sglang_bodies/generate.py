@@ -414,7 +414,14 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
               "page_size", "num_pages", "context_len", "startup_available_gpu_memory_gb"):
         truth.set("sglang:" + k, L, consts[k])
     truth.set("sglang:graph_memory_usage_gb", {**L, "phase": "decode"}, 0.5)
-    if not drive or not col_ctx.current_scheduler_metrics_enabled:
+    if not col_ctx.current_scheduler_metrics_enabled:
+        return
+    if not drive:
+        # metrics_reporter._maybe_log_idle_metrics: an idle scheduler publishes
+        # log_stats every 30 s with zero queues and the pool stats of an empty pool.
+        stats = mc.SchedulerStats(kv_available_tokens=max_tokens)
+        col.log_stats(stats)
+        record_log_stats(mc, col, stats, proc, truth)
         return
 
     engine = case["disagg"]
@@ -433,11 +440,12 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         if engine != "decode":
             pc += r["prompt"] - cached
             pcache += cached
-            eff["input"] += r["prompt"]
+            # mode="input" is the computed (uncached) part: hit rate = hits / (input + hits)
+            eff["input"] += r["prompt"] - cached
             eff["device_hit"] += r["device"]
             eff["host_hit"] += r["host"]
         if engine != "prefill" and not r["aborted"]:
-            dec += r["gen"] - 1 if engine == "null" else r["gen"]
+            dec += r["gen"] - 1  # the first token comes out of the prefill forward
     # one log interval worth of realtime tokens
     col.increment_realtime_tokens(None, prefill_compute_tokens=pc,
                                   prefill_cache_tokens=pcache, decode_tokens=dec)
@@ -505,9 +513,10 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         num_running_reqs=Q(total=3 if engine != "prefill" else 1),
         num_queue_reqs=Q(total=2),
         gen_throughput=412.5 if engine != "prefill" else 0.0,
-        cache_hit_rate=0.25,
+        cache_hit_rate=(eff["device_hit"] + eff["host_hit"]) / max(1, sum(eff.values())),
         decode_sum_seq_lens=4321 if engine != "prefill" else 0,
-        token_usage=used / max_tokens, full_token_usage=used / max_tokens,
+        # pool_stats_observer: token_usage = round(max(full, swa, mamba), 2); full unrounded
+        token_usage=round(used / max_tokens, 2), full_token_usage=used / max_tokens,
         num_used_tokens=used, kv_used_tokens=used, kv_evictable_tokens=evictable,
         kv_available_tokens=max_tokens - used - evictable,
         spec_accept_length=2.5 if case["spec"] else 0.0,
@@ -520,42 +529,54 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         num_decode_prealloc_queue_reqs=Q(total=1 if engine == "decode" else 0),
         num_decode_transfer_queue_reqs=Q(total=2 if engine == "decode" else 0),
         utilization=0.5, new_token_ratio=0.375, is_cuda_graph=1,
-        num_unique_running_routing_keys=0,
+        # routing keys (--routing-key header): 3 keys running 1, 1 and 3 requests
+        num_unique_running_routing_keys=3 if case["name"] == "single" else 0,
+        routing_key_running_req_counts=[1, 1, 3] if case["name"] == "single" else [],
+        routing_key_all_req_counts=[2, 1, 5] if case["name"] == "single" else [],
     )
     col.log_stats(stats)
-    g = {
-        "num_running_reqs": stats.num_running_reqs.total, "num_queue_reqs": stats.num_queue_reqs.total,
-        "num_grammar_queue_reqs": 0, "gen_throughput": stats.gen_throughput,
-        "cache_hit_rate": 0.25, "decode_sum_seq_lens": stats.decode_sum_seq_lens,
-        "token_usage": stats.token_usage, "full_token_usage": stats.full_token_usage,
-        "swa_token_usage": 0.0, "mamba_usage": 0.0, "num_used_tokens": used,
-        "kv_available_tokens": stats.kv_available_tokens, "kv_evictable_tokens": evictable,
-        "kv_used_tokens": used, "swa_available_tokens": 0, "swa_evictable_tokens": 0,
-        "swa_used_tokens": 0, "mamba_available_tokens": 0, "mamba_evictable_tokens": 0,
-        "mamba_used_tokens": 0, "spec_accept_length": stats.spec_accept_length,
-        "spec_accept_rate": stats.spec_accept_rate, "spec_cap_length": 0.0,
-        "spec_block_accept_length": 0.0, "spec_num_steps": stats.spec_num_steps,
-        "spec_num_draft_tokens": stats.spec_num_draft_tokens,
-        "num_prefill_bootstrap_queue_reqs": stats.num_prefill_bootstrap_queue_reqs.total,
-        "num_prefill_inflight_queue_reqs": stats.num_prefill_inflight_queue_reqs.total,
-        "num_decode_prealloc_queue_reqs": stats.num_decode_prealloc_queue_reqs.total,
-        "num_decode_transfer_queue_reqs": stats.num_decode_transfer_queue_reqs.total,
-        "num_decode_host_receive_queue_reqs": 0, "num_decode_deferred_kv_release_reqs": 0,
-        "pending_prealloc_token_usage": 0.0, "prealloc_full_token_usage": 0.0,
-        "prealloc_swa_token_usage": 0.0, "utilization": 0.5, "fwd_occupancy": "NaN",
-        "new_token_ratio": 0.375, "is_cuda_graph": 1, "num_unique_running_routing_keys": 0,
-    }
+    record_log_stats(mc, col, stats, proc, truth)
+
+
+def record_log_stats(mc, col, stats, proc, truth):
+    L = col.labels
+    g = {}
+    for f in LOG_STATS_GAUGES:
+        v = getattr(stats, f)
+        v = v.total if isinstance(v, mc.QueueCount) else v
+        g[f] = "NaN" if isinstance(v, float) and v != v else v
     for k, v in g.items():
         truth.set("sglang:" + k, L, v)
     # multiprocess_mode "all" (the default) gauges carry a pid label
     for k, v in (("num_retracted_reqs", stats.num_retracted_reqs), ("num_paused_reqs", 0)):
         truth.set("sglang:" + k, {**L, "pid": str(proc["pid"])}, v)
-    # GaugeHistogram: every gt/le bucket set to 0 for an empty observation list
+    # GaugeHistogram (a plain gauge with gt/le labels): per bucket the number of
+    # routing keys whose request count c satisfies gt < c <= le -- NOT cumulative.
     bounds = mc.ROUTING_KEY_REQ_COUNT_BUCKET_BOUNDS
-    edges = [(str(bounds[i - 1]) if i else "0", str(b)) for i, b in enumerate(bounds)] + [(str(bounds[-1]), "+Inf")]
-    for fam in ("routing_key_running_req_count", "routing_key_all_req_count"):
+    edges = [(0 if i == 0 else bounds[i - 1], b) for i, b in enumerate(bounds)] + [(bounds[-1], float("inf"))]
+    for fam, obs in (("routing_key_running_req_count", stats.routing_key_running_req_counts),
+                     ("routing_key_all_req_count", stats.routing_key_all_req_counts)):
         for gt, le in edges:
-            truth.set("sglang:" + fam, {**L, "gt": gt, "le": le}, 0)
+            n = sum(1 for c in obs if gt < c <= le)
+            truth.set("sglang:" + fam, {**L, "gt": str(gt), "le": "+Inf" if le == float("inf") else str(le)}, n)
+
+
+# SchedulerStats fields that log_stats() writes to the gauge of the same name
+# (LoRA / HiCache / streaming-session gauges are off in these cases).
+LOG_STATS_GAUGES = (
+    "num_running_reqs", "num_queue_reqs", "num_grammar_queue_reqs", "gen_throughput",
+    "cache_hit_rate", "decode_sum_seq_lens", "token_usage", "full_token_usage",
+    "swa_token_usage", "mamba_usage", "num_used_tokens", "kv_available_tokens",
+    "kv_evictable_tokens", "kv_used_tokens", "swa_available_tokens", "swa_evictable_tokens",
+    "swa_used_tokens", "mamba_available_tokens", "mamba_evictable_tokens", "mamba_used_tokens",
+    "spec_accept_length", "spec_accept_rate", "spec_cap_length", "spec_block_accept_length",
+    "spec_num_steps", "spec_num_draft_tokens", "num_prefill_bootstrap_queue_reqs",
+    "num_prefill_inflight_queue_reqs", "num_decode_prealloc_queue_reqs",
+    "num_decode_transfer_queue_reqs", "num_decode_host_receive_queue_reqs",
+    "num_decode_deferred_kv_release_reqs", "pending_prealloc_token_usage",
+    "prealloc_full_token_usage", "prealloc_swa_token_usage", "utilization", "fwd_occupancy",
+    "new_token_ratio", "is_cuda_graph", "num_unique_running_routing_keys",
+)
 
 
 def case_parallel(case, proc):
