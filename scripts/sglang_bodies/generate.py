@@ -507,7 +507,7 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
     # the last log_stats of the run (metrics_reporter): gauges
     S = mc.SchedulerStats
     Q = mc.QueueCount
-    used = 1234 + 100 * (proc["tp_rank"] + 2 * (proc["dp_rank"] or 0))
+    used = 1234 + 200 * (proc["dp_rank"] or 0)  # TP ranks share one pool accounting
     evictable = 20000
     stats = S(
         num_running_reqs=Q(total=3 if engine != "prefill" else 1),
