@@ -29,8 +29,11 @@ def main():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     case = gen._case("families")
-    cfg = {"obs": case["obs"], "disagg": "null",
-           "parallel": gen.case_parallel(case, {"tp_rank": 0, "dp_rank": 0})}
+    cfg = {
+        "obs": case["obs"],
+        "disagg": "null",
+        "parallel": gen.case_parallel(case, {"tp_rank": 0, "dp_rank": 0}),
+    }
     mc, server_args = gen.load_sglang(os.path.abspath(args.wheel_dir), cfg)
     mc.exports_expert_balancedness_to_prometheus = lambda: True  # bound by name at import
 
@@ -43,24 +46,46 @@ def main():
             if isinstance(v, (Counter, Gauge, Histogram, Summary)):
                 owners[v._name] = (owner, v)
             elif hasattr(v, "_gauge") and isinstance(v._gauge, Gauge):  # GaugeHistogram
-                owners[v._gauge._name] = (owner + " (GaugeHistogram: gt/le bucket labels)", v._gauge)
+                owners[v._gauge._name] = (
+                    owner + " (GaugeHistogram: gt/le bucket labels)",
+                    v._gauge,
+                )
 
     sched = mc.SchedulerMetricsCollector(
-        labels={"model_name": "m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0,
-                "moe_ep_rank": 0, "priority": "", "dp_rank": 0},
-        server_args=server_args, enable_lora=True, enable_hierarchical_cache=True,
-        enable_streaming_session=True)
+        labels={
+            "model_name": "m",
+            "engine_type": "unified",
+            "tp_rank": 0,
+            "pp_rank": 0,
+            "moe_ep_rank": 0,
+            "priority": "",
+            "dp_rank": 0,
+        },
+        server_args=server_args,
+        enable_lora=True,
+        enable_hierarchical_cache=True,
+        enable_streaming_session=True,
+    )
     scan("SchedulerMetricsCollector", sched)
-    tok = mc.TokenizerMetricsCollector(server_args=server_args,
-                                       labels={"model_name": "m", "engine_type": "unified", "priority": ""})
+    tok = mc.TokenizerMetricsCollector(
+        server_args=server_args,
+        labels={"model_name": "m", "engine_type": "unified", "priority": ""},
+    )
     scan("TokenizerMetricsCollector", tok)
-    scan("StorageMetricsCollector", mc.StorageMetricsCollector(
-        labels={"storage_backend": "file", "tp_rank": 0, "dp_rank": 0, "pp_rank": 0}))
-    scan("RadixCacheMetricsCollector", mc.RadixCacheMetricsCollector(
-        labels={"cache_type": "RadixCache", "tp_rank": 0, "pp_rank": 0, "dp_rank": 0}))
+    scan(
+        "StorageMetricsCollector",
+        mc.StorageMetricsCollector(
+            labels={"storage_backend": "file", "tp_rank": 0, "dp_rank": 0, "pp_rank": 0}
+        ),
+    )
+    scan(
+        "RadixCacheMetricsCollector",
+        mc.RadixCacheMetricsCollector(
+            labels={"cache_type": "RadixCache", "tp_rank": 0, "pp_rank": 0, "dp_rank": 0}
+        ),
+    )
     scan("ExpertDispatchCollector", mc.ExpertDispatchCollector(ep_size=4))
     scan("EncoderMetricsCollector", mc.EncoderMetricsCollector(labels={"model_name": "m"}))
-
 
     hm = importlib.import_module("sglang.srt.observability.http_request_metrics")
     hm.init_http_request_metrics()
@@ -71,24 +96,43 @@ def main():
     owners[ft.FUNC_LATENCY._name] = ("func_timer.enable_func_timer", ft.FUNC_LATENCY)
     st = importlib.import_module("sglang.srt.observability.startup_func_log_and_timer")
     st.enable_startup_timer()
-    owners[st.STARTUP_LATENCY_SECONDS._name] = ("startup_func_log_and_timer.enable_startup_timer",
-                                                st.STARTUP_LATENCY_SECONDS)
+    owners[st.STARTUP_LATENCY_SECONDS._name] = (
+        "startup_func_log_and_timer.enable_startup_timer",
+        st.STARTUP_LATENCY_SECONDS,
+    )
 
     out = []
     # Defined outside the constructible collectors (read from source, not constructed here):
-    out.append({"name": "sglang:process_cpu_seconds_total", "type": "counter", "labels": ["component"],
-                "defined_in": "cpu_monitor.start_cpu_monitor_thread (tokenizer, detokenizer, "
-                "data_parallel_controller, detokenizer_router; needs a thread + psutil)",
-                "help": "Total CPU time consumed by this process (user + system)"})
-    out.append({"name": "sglang:encoder_dp_pending_requests", "type": "gauge",
-                "labels": ["<encoder labels>", "dp_rank"], "multiprocess_mode": "mostrecent",
-                "defined_in": "disaggregation/encoder/runtime.py (EPD encoder server only)",
-                "help": "Number of pending requests per encoder DP rank."})
+    out.append(
+        {
+            "name": "sglang:process_cpu_seconds_total",
+            "type": "counter",
+            "labels": ["component"],
+            "defined_in": "cpu_monitor.start_cpu_monitor_thread (tokenizer, detokenizer, "
+            "data_parallel_controller, detokenizer_router; needs a thread + psutil)",
+            "help": "Total CPU time consumed by this process (user + system)",
+        }
+    )
+    out.append(
+        {
+            "name": "sglang:encoder_dp_pending_requests",
+            "type": "gauge",
+            "labels": ["<encoder labels>", "dp_rank"],
+            "multiprocess_mode": "mostrecent",
+            "defined_in": "disaggregation/encoder/runtime.py (EPD encoder server only)",
+            "help": "Number of pending requests per encoder DP rank.",
+        }
+    )
     for name, (owner, m) in sorted(owners.items()):
         typ = m._type
         exposed = name + "_total" if typ == "counter" and not name.endswith("_total") else name
-        rec = {"name": exposed, "type": typ, "labels": list(m._labelnames),
-               "defined_in": owner, "help": m._documentation}
+        rec = {
+            "name": exposed,
+            "type": typ,
+            "labels": list(m._labelnames),
+            "defined_in": owner,
+            "help": m._documentation,
+        }
         if typ == "histogram":
             rec["buckets"] = [b for b in m._upper_bounds if b != float("inf")]
         if typ == "gauge":

@@ -81,10 +81,21 @@ def _case(name, disagg="null", tp=1, dp=None, obs=None, seed=1, n_req=12, spec=F
     pid = 2000
     for d in dps:
         for t in range(tp):
-            procs.append({"role": "scheduler", "pid": pid, "tp_rank": t, "dp_rank": d, "tp_size": tp})
+            procs.append(
+                {"role": "scheduler", "pid": pid, "tp_rank": t, "dp_rank": d, "tp_size": tp}
+            )
             pid += 1
-    return dict(name=name, disagg=disagg, tp=tp, dp=dp, obs=o, seed=seed,
-                n_req=n_req, spec=spec, procs=procs)
+    return dict(
+        name=name,
+        disagg=disagg,
+        tp=tp,
+        dp=dp,
+        obs=o,
+        seed=seed,
+        n_req=n_req,
+        spec=spec,
+        procs=procs,
+    )
 
 
 CASES = [
@@ -92,13 +103,17 @@ CASES = [
     _case("dp2", dp=2, seed=2, n_req=16),
     _case("pd_prefill", disagg="prefill", seed=3),
     _case("pd_decode", disagg="decode", seed=3),
-    _case("custom_buckets", seed=4, obs=dict(
-        bucket_time_to_first_token=[0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
-        bucket_inter_token_latency=[0.005, 0.01, 0.02, 0.05, 0.1],
-        bucket_e2e_request_latency=[0.5, 1.0, 2.0, 5.0, 10.0],
-        prompt_tokens_buckets=["tse", "1000", "2", "6"],
-        generation_tokens_buckets=["custom", "16", "64", "256", "1024"],
-    )),
+    _case(
+        "custom_buckets",
+        seed=4,
+        obs=dict(
+            bucket_time_to_first_token=[0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+            bucket_inter_token_latency=[0.005, 0.01, 0.02, 0.05, 0.1],
+            bucket_e2e_request_latency=[0.5, 1.0, 2.0, 5.0, 10.0],
+            prompt_tokens_buckets=["tse", "1000", "2", "6"],
+            generation_tokens_buckets=["custom", "16", "64", "256", "1024"],
+        ),
+    ),
     _case("all_tp_ranks", tp=2, seed=5, obs=dict(enable_metrics_for_all_schedulers=True)),
     # Same tp=2 server without --enable-metrics-for-all-schedulers: the tp_rank 1
     # scheduler still constructs a collector (init_new builds one whenever
@@ -155,6 +170,7 @@ def load_sglang(wheel_dir, cfg):
 
     def profile_range(*a, **k):
         import contextlib
+
         return contextlib.nullcontext()
 
     def scheduler_nvtx_method(*a, **k):
@@ -165,13 +181,20 @@ def load_sglang(wheel_dir, cfg):
 
     du = _pkg("sglang.srt.disaggregation.utils")
     du.DisaggregationMode = _extract_class(
-        os.path.join(srt, "disaggregation", "utils.py"), "DisaggregationMode",
-        {"Enum": enum.Enum, "__name__": "sglang.srt.disaggregation.utils"})
+        os.path.join(srt, "disaggregation", "utils.py"),
+        "DisaggregationMode",
+        {"Enum": enum.Enum, "__name__": "sglang.srt.disaggregation.utils"},
+    )
     fb = _pkg("sglang.srt.model_executor.forward_batch_info")
     fb.ForwardMode = _extract_class(
-        os.path.join(srt, "model_executor", "forward_batch_info.py"), "ForwardMode",
-        {"IntEnum": enum.IntEnum, "auto": enum.auto,
-         "__name__": "sglang.srt.model_executor.forward_batch_info"})
+        os.path.join(srt, "model_executor", "forward_batch_info.py"),
+        "ForwardMode",
+        {
+            "IntEnum": enum.IntEnum,
+            "auto": enum.auto,
+            "__name__": "sglang.srt.model_executor.forward_batch_info",
+        },
+    )
 
     sa = _pkg("sglang.srt.server_args")
 
@@ -205,6 +228,7 @@ def load_sglang(wheel_dir, cfg):
     rc.exports_expert_balancedness_to_prometheus = lambda: False
 
     import importlib
+
     return importlib.import_module("sglang.srt.observability.metrics_collector"), ServerArgs()
 
 
@@ -215,9 +239,9 @@ def load_sglang(wheel_dir, cfg):
 
 class Truth:
     def __init__(self):
-        self.counters = {}    # (name, labels) -> value
-        self.gauges = {}      # (name, labels) -> value
-        self.hists = {}       # (name, labels) -> {"buckets": [...], "obs": [(v, n)], "sum": s}
+        self.counters = {}  # (name, labels) -> value
+        self.gauges = {}  # (name, labels) -> value
+        self.hists = {}  # (name, labels) -> {"buckets": [...], "obs": [(v, n)], "sum": s}
 
     @staticmethod
     def _k(name, labels):
@@ -240,11 +264,14 @@ class Truth:
         h["sum"] += v * n if sum_inc is None else sum_inc
 
     def hseed(self, name, labels, buckets):
-        self.hists.setdefault(self._k(name, labels), {"buckets": list(buckets), "obs": [], "sum": 0.0})
+        self.hists.setdefault(
+            self._k(name, labels), {"buckets": list(buckets), "obs": [], "sum": 0.0}
+        )
 
     def dump(self):
         def lab(k):
             return dict(k[1])
+
         out = {"counters": [], "gauges": [], "histograms": []}
         for k, v in sorted(self.counters.items()):
             out["counters"].append({"name": k[0], "labels": lab(k), "value": v})
@@ -256,12 +283,19 @@ class Truth:
             for b in bounds:
                 cum.append(sum(n for v, n in h["obs"] if v <= b))
             count = sum(n for v, n in h["obs"])
-            out["histograms"].append({
-                "name": k[0], "labels": lab(k),
-                "buckets": [[("+Inf" if b == float("inf") else b), c] for b, c in zip(bounds, cum)]
-                + ([["+Inf", count]] if bounds[-1] != float("inf") else []),
-                "count": count, "sum": h["sum"], "observations": h["obs"],
-            })
+            out["histograms"].append(
+                {
+                    "name": k[0],
+                    "labels": lab(k),
+                    "buckets": [
+                        [("+Inf" if b == float("inf") else b), c] for b, c in zip(bounds, cum)
+                    ]
+                    + ([["+Inf", count]] if bounds[-1] != float("inf") else []),
+                    "count": count,
+                    "sum": h["sum"],
+                    "observations": h["obs"],
+                }
+            )
         return out
 
 
@@ -286,7 +320,7 @@ def make_requests(case):
         host = rng.choice([0, 0, 32]) if device else 0
         storage = 0
         gen = rng.randint(2, 60)
-        aborted = i == case["n_req"] - 1   # the last one is aborted by the client
+        aborted = i == case["n_req"] - 1  # the last one is aborted by the client
         stream = i % 3 != 0
         ttft = _dy(rng, 0.02, 1.5)
         # chunks of new tokens after the first one: (interval, n_new_tokens)
@@ -296,11 +330,24 @@ def make_requests(case):
             chunks.append((_dy(rng, 0.004, 0.09, 1024) * n, n))
             left -= n
         queue = _dy(rng, 0.0, 0.3, 1024)
-        reqs.append(dict(i=i, dp=i % ndp, prompt=prompt, device=device, host=host,
-                         storage=storage, gen=gen, stream=stream, ttft=ttft,
-                         chunks=chunks, queue=queue, aborted=aborted,
-                         spec_verify_ct=(gen + 2) // 3 if case["spec"] else 0,
-                         grammar=(i == 1)))
+        reqs.append(
+            dict(
+                i=i,
+                dp=i % ndp,
+                prompt=prompt,
+                device=device,
+                host=host,
+                storage=storage,
+                gen=gen,
+                stream=stream,
+                ttft=ttft,
+                chunks=chunks,
+                queue=queue,
+                aborted=aborted,
+                spec_verify_ct=(gen + 2) // 3 if case["spec"] else 0,
+                grammar=(i == 1),
+            )
+        )
     return reqs
 
 
@@ -314,8 +361,13 @@ def run_tokenizer(mc, server_args, case, truth, drive):
         bucket_e2e_request_latency=obs["bucket_e2e_request_latency"],
         bucket_inter_token_latency=obs["bucket_inter_token_latency"],
     )
-    startup = {"load_weight": 12.5, "kv_cache_allocation": 1.25, "scheduler_e2e": 30.5,
-               "tokenizer_e2e": 2.75, "cuda_graph": {"decode": 8.5}}
+    startup = {
+        "load_weight": 12.5,
+        "kv_cache_allocation": 1.25,
+        "scheduler_e2e": 30.5,
+        "tokenizer_e2e": 2.75,
+        "cuda_graph": {"decode": 8.5},
+    }
     col.emit_startup_time(startup)
     for p in ("load_weight", "kv_cache_allocation", "scheduler_e2e", "tokenizer_e2e"):
         truth.set("sglang:startup_time_seconds", {**labels, "phase": p}, startup[p])
@@ -342,17 +394,31 @@ def run_tokenizer(mc, server_args, case, truth, drive):
             for interval, n in r["chunks"]:
                 col.observe_inter_token_latency(labels, interval, n)
                 # fast path: one bucket += n at interval/n, sum += interval
-                truth.observe("sglang:inter_token_latency_seconds", labels, itl_b,
-                              interval / n, n, sum_inc=interval)
+                truth.observe(
+                    "sglang:inter_token_latency_seconds",
+                    labels,
+                    itl_b,
+                    interval / n,
+                    n,
+                    sum_inc=interval,
+                )
         decode_time = sum(c[0] for c in r["chunks"])
         e2e = r["ttft"] + decode_time
         tpot = None if prefill_only else (decode_time / (gen - 1))
         cached = r["device"] + r["host"] + r["storage"]
         details = {"device": r["device"], "host": r["host"]}
         col.observe_one_finished_request(
-            labels, r["prompt"], gen, cached, e2e, r["grammar"], details,
-            spec_verify_ct=r["spec_verify_ct"], is_streaming=r["stream"],
-            time_per_output_token=tpot)
+            labels,
+            r["prompt"],
+            gen,
+            cached,
+            e2e,
+            r["grammar"],
+            details,
+            spec_verify_ct=r["spec_verify_ct"],
+            is_streaming=r["stream"],
+            time_per_output_token=tpot,
+        )
         truth.inc("sglang:prompt_tokens_total", sl, r["prompt"])
         truth.inc("sglang:generation_tokens_total", sl, gen)
         if r["spec_verify_ct"]:
@@ -367,15 +433,19 @@ def run_tokenizer(mc, server_args, case, truth, drive):
         if tpot is not None:
             truth.observe("sglang:request_time_per_output_token_seconds", sl, itl_b, tpot)
         truth.observe("sglang:prompt_tokens_histogram", labels, pt_b, float(r["prompt"]))
-        truth.observe("sglang:uncached_prompt_tokens_histogram", labels, pt_b,
-                      float(r["prompt"] - cached))
+        truth.observe(
+            "sglang:uncached_prompt_tokens_histogram", labels, pt_b, float(r["prompt"] - cached)
+        )
         truth.observe("sglang:generation_tokens_histogram", labels, gt_b, float(gen))
 
 
 def run_scheduler(mc, server_args, case, proc, truth, drive):
     col_ctx = mc.SchedulerMetricsCollector.init_new(
-        server_args=server_args, enable_priority_scheduling=False,
-        enable_lora=False, enable_hierarchical_cache=False)
+        server_args=server_args,
+        enable_priority_scheduling=False,
+        enable_lora=False,
+        enable_hierarchical_cache=False,
+    )
     col = col_ctx.collector
     L = col.labels
     # pre-seeded children (constructor)
@@ -384,34 +454,59 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
     truth.seed("sglang:scheduler_idle_seconds_total", L)
     truth.seed("sglang:scheduler_process_cpu_seconds_total", L)
     from sglang.srt.observability.scheduler_stage_metrics import (
-        FORWARD_OVERLAP_NONE, SCHEDULER_STAGE_CATEGORIES)
+        FORWARD_OVERLAP_NONE,
+        SCHEDULER_STAGE_CATEGORIES,
+    )
+
     for c in SCHEDULER_STAGE_CATEGORIES:
-        truth.seed("sglang:scheduler_stage_seconds_total",
-                   {**L, "category": c, "forward_overlap": FORWARD_OVERLAP_NONE})
+        truth.seed(
+            "sglang:scheduler_stage_seconds_total",
+            {**L, "category": c, "forward_overlap": FORWARD_OVERLAP_NONE},
+        )
     for k in ("scheduled", "imbalance"):
         truth.seed("sglang:dp_attention_tokens_total", {**L, "kind": k})
         truth.seed("sglang:dp_attention_pairs_total", {**L, "kind": k})
     for s in ("active", "idle"):
         truth.seed("sglang:dp_attention_steps_total", {**L, "rank_state": s})
-    truth.hseed("sglang:dp_attention_token_imbalance_ratio", L,
-                col.dp_attention_token_imbalance_ratio._upper_bounds)
-    truth.hseed("sglang:dp_attention_sync_wait_seconds", L,
-                col.dp_attention_sync_wait_seconds._upper_bounds)
+    truth.hseed(
+        "sglang:dp_attention_token_imbalance_ratio",
+        L,
+        col.dp_attention_token_imbalance_ratio._upper_bounds,
+    )
+    truth.hseed(
+        "sglang:dp_attention_sync_wait_seconds", L, col.dp_attention_sync_wait_seconds._upper_bounds
+    )
 
     # RadixCache collector: every scheduler rank (base_prefix_cache.py)
-    rlabels = mc.radix_cache_metric_labels("RadixCache", types.SimpleNamespace(**case_parallel(case, proc)), False)
+    rlabels = mc.radix_cache_metric_labels(
+        "RadixCache", types.SimpleNamespace(**case_parallel(case, proc)), False
+    )
     rcol = mc.RadixCacheMetricsCollector(labels=rlabels)
 
     # emit_constants at startup (every rank that has a collector)
     max_tokens = 200000
-    consts = dict(max_total_num_tokens=max_tokens, max_total_num_tokens_swa=None,
-                  weight_memory_usage_gb=1.25, kv_cache_memory_usage_gb=21.5,
-                  graph_memory_usage_gb={"decode": 0.5}, max_running_requests_under_SLO=None,
-                  page_size=1, num_pages=max_tokens, context_len=40960,
-                  startup_available_gpu_memory_gb=78.5)
+    consts = dict(
+        max_total_num_tokens=max_tokens,
+        max_total_num_tokens_swa=None,
+        weight_memory_usage_gb=1.25,
+        kv_cache_memory_usage_gb=21.5,
+        graph_memory_usage_gb={"decode": 0.5},
+        max_running_requests_under_SLO=None,
+        page_size=1,
+        num_pages=max_tokens,
+        context_len=40960,
+        startup_available_gpu_memory_gb=78.5,
+    )
     col.emit_constants(**consts)
-    for k in ("max_total_num_tokens", "weight_memory_usage_gb", "kv_cache_memory_usage_gb",
-              "page_size", "num_pages", "context_len", "startup_available_gpu_memory_gb"):
+    for k in (
+        "max_total_num_tokens",
+        "weight_memory_usage_gb",
+        "kv_cache_memory_usage_gb",
+        "page_size",
+        "num_pages",
+        "context_len",
+        "startup_available_gpu_memory_gb",
+    ):
         truth.set("sglang:" + k, L, consts[k])
     truth.set("sglang:graph_memory_usage_gb", {**L, "phase": "decode"}, 0.5)
     if not col_ctx.current_scheduler_metrics_enabled:
@@ -447,8 +542,9 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         if engine != "prefill" and not r["aborted"]:
             dec += r["gen"] - 1  # the first token comes out of the prefill forward
     # one log interval worth of realtime tokens
-    col.increment_realtime_tokens(None, prefill_compute_tokens=pc,
-                                  prefill_cache_tokens=pcache, decode_tokens=dec)
+    col.increment_realtime_tokens(
+        None, prefill_compute_tokens=pc, prefill_cache_tokens=pcache, decode_tokens=dec
+    )
     for m, v in (("prefill_compute", pc), ("prefill_cache", pcache), ("decode", dec)):
         if v:
             truth.inc("sglang:realtime_tokens_total", {**L, "mode": m}, v)
@@ -459,8 +555,11 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
                 truth.inc("sglang:prefill_effective_tokens_total", {**L, "mode": m}, v)
     # forward time / idle time
     col.increment_forward_execution_seconds("extend" if engine != "decode" else "decode", 1.5)
-    truth.inc("sglang:forward_execution_seconds_total",
-              {**L, "category": "extend" if engine != "decode" else "decode"}, 1.5)
+    truth.inc(
+        "sglang:forward_execution_seconds_total",
+        {**L, "category": "extend" if engine != "decode" else "decode"},
+        1.5,
+    )
     if engine == "null":
         col.increment_forward_execution_seconds("decode", 3.25)
         truth.inc("sglang:forward_execution_seconds_total", {**L, "category": "decode"}, 3.25)
@@ -481,8 +580,12 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
     rcol.increment_eviction_num_tokens(4096)
     rcol.observe_eviction_duration(0.0078125)
     truth.inc("sglang:evicted_tokens_total", rlabels, 4096)
-    truth.observe("sglang:eviction_duration_seconds", rlabels,
-                  rcol.eviction_duration_seconds._upper_bounds, 0.0078125)
+    truth.observe(
+        "sglang:eviction_duration_seconds",
+        rlabels,
+        rcol.eviction_duration_seconds._upper_bounds,
+        0.0078125,
+    )
     # PD transfer metrics
     if engine == "prefill":
         for j, r in enumerate(mine):
@@ -491,16 +594,29 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
             lat, mb = 12.5 + j, 8.0 * (j + 1)
             spd = (mb / 1024) / (lat / 1000)
             col.observe_kv_transfer_metrics(latency_ms=lat, total_mb=mb, speed_gb_s=spd)
-            truth.observe("sglang:kv_transfer_latency_ms", L, col.kv_transfer_latency_ms._upper_bounds, lat)
-            truth.observe("sglang:kv_transfer_total_mb", L, col.kv_transfer_total_mb._upper_bounds, mb)
-            truth.observe("sglang:kv_transfer_speed_gb_s", L, col.kv_transfer_speed_gb_s._upper_bounds, spd)
+            truth.observe(
+                "sglang:kv_transfer_latency_ms", L, col.kv_transfer_latency_ms._upper_bounds, lat
+            )
+            truth.observe(
+                "sglang:kv_transfer_total_mb", L, col.kv_transfer_total_mb._upper_bounds, mb
+            )
+            truth.observe(
+                "sglang:kv_transfer_speed_gb_s", L, col.kv_transfer_speed_gb_s._upper_bounds, spd
+            )
         col.increment_bootstrap_failed_reqs()
         truth.inc("sglang:num_bootstrap_failed_reqs_total", L, 1)
     if engine == "decode":
         for j, r in enumerate(mine):
             col.observe_kv_transfer_bootstrap(bootstrap_ms=3.0 + j, alloc_ms=0.5 * j)
-            truth.observe("sglang:kv_transfer_bootstrap_ms", L, col.kv_transfer_bootstrap_ms._upper_bounds, 3.0 + j)
-            truth.observe("sglang:kv_transfer_alloc_ms", L, col.kv_transfer_alloc_ms._upper_bounds, 0.5 * j)
+            truth.observe(
+                "sglang:kv_transfer_bootstrap_ms",
+                L,
+                col.kv_transfer_bootstrap_ms._upper_bounds,
+                3.0 + j,
+            )
+            truth.observe(
+                "sglang:kv_transfer_alloc_ms", L, col.kv_transfer_alloc_ms._upper_bounds, 0.5 * j
+            )
         col.increment_transfer_failed_reqs()
         truth.inc("sglang:num_transfer_failed_reqs_total", L, 1)
 
@@ -516,8 +632,11 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         cache_hit_rate=(eff["device_hit"] + eff["host_hit"]) / max(1, sum(eff.values())),
         decode_sum_seq_lens=4321 if engine != "prefill" else 0,
         # pool_stats_observer: token_usage = round(max(full, swa, mamba), 2); full unrounded
-        token_usage=round(used / max_tokens, 2), full_token_usage=used / max_tokens,
-        num_used_tokens=used, kv_used_tokens=used, kv_evictable_tokens=evictable,
+        token_usage=round(used / max_tokens, 2),
+        full_token_usage=used / max_tokens,
+        num_used_tokens=used,
+        kv_used_tokens=used,
+        kv_evictable_tokens=evictable,
         kv_available_tokens=max_tokens - used - evictable,
         spec_accept_length=2.5 if case["spec"] else 0.0,
         spec_accept_rate=0.75 if case["spec"] else 0.0,
@@ -528,7 +647,9 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         num_prefill_inflight_queue_reqs=Q(total=2 if engine == "prefill" else 0),
         num_decode_prealloc_queue_reqs=Q(total=1 if engine == "decode" else 0),
         num_decode_transfer_queue_reqs=Q(total=2 if engine == "decode" else 0),
-        utilization=0.5, new_token_ratio=0.375, is_cuda_graph=1,
+        utilization=0.5,
+        new_token_ratio=0.375,
+        is_cuda_graph=1,
         # routing keys (--routing-key header): 3 keys running 1, 1 and 3 requests
         num_unique_running_routing_keys=3 if case["name"] == "single" else 0,
         routing_key_running_req_counts=[1, 1, 3] if case["name"] == "single" else [],
@@ -553,36 +674,78 @@ def record_log_stats(mc, col, stats, proc, truth):
     # GaugeHistogram (a plain gauge with gt/le labels): per bucket the number of
     # routing keys whose request count c satisfies gt < c <= le -- NOT cumulative.
     bounds = mc.ROUTING_KEY_REQ_COUNT_BUCKET_BOUNDS
-    edges = [(0 if i == 0 else bounds[i - 1], b) for i, b in enumerate(bounds)] + [(bounds[-1], float("inf"))]
-    for fam, obs in (("routing_key_running_req_count", stats.routing_key_running_req_counts),
-                     ("routing_key_all_req_count", stats.routing_key_all_req_counts)):
+    edges = [(0 if i == 0 else bounds[i - 1], b) for i, b in enumerate(bounds)] + [
+        (bounds[-1], float("inf"))
+    ]
+    for fam, obs in (
+        ("routing_key_running_req_count", stats.routing_key_running_req_counts),
+        ("routing_key_all_req_count", stats.routing_key_all_req_counts),
+    ):
         for gt, le in edges:
             n = sum(1 for c in obs if gt < c <= le)
-            truth.set("sglang:" + fam, {**L, "gt": str(gt), "le": "+Inf" if le == float("inf") else str(le)}, n)
+            truth.set(
+                "sglang:" + fam,
+                {**L, "gt": str(gt), "le": "+Inf" if le == float("inf") else str(le)},
+                n,
+            )
 
 
 # SchedulerStats fields that log_stats() writes to the gauge of the same name
 # (LoRA / HiCache / streaming-session gauges are off in these cases).
 LOG_STATS_GAUGES = (
-    "num_running_reqs", "num_queue_reqs", "num_grammar_queue_reqs", "gen_throughput",
-    "cache_hit_rate", "decode_sum_seq_lens", "token_usage", "full_token_usage",
-    "swa_token_usage", "mamba_usage", "num_used_tokens", "kv_available_tokens",
-    "kv_evictable_tokens", "kv_used_tokens", "swa_available_tokens", "swa_evictable_tokens",
-    "swa_used_tokens", "mamba_available_tokens", "mamba_evictable_tokens", "mamba_used_tokens",
-    "spec_accept_length", "spec_accept_rate", "spec_cap_length", "spec_block_accept_length",
-    "spec_num_steps", "spec_num_draft_tokens", "num_prefill_bootstrap_queue_reqs",
-    "num_prefill_inflight_queue_reqs", "num_decode_prealloc_queue_reqs",
-    "num_decode_transfer_queue_reqs", "num_decode_host_receive_queue_reqs",
-    "num_decode_deferred_kv_release_reqs", "pending_prealloc_token_usage",
-    "prealloc_full_token_usage", "prealloc_swa_token_usage", "utilization", "fwd_occupancy",
-    "new_token_ratio", "is_cuda_graph", "num_unique_running_routing_keys",
+    "num_running_reqs",
+    "num_queue_reqs",
+    "num_grammar_queue_reqs",
+    "gen_throughput",
+    "cache_hit_rate",
+    "decode_sum_seq_lens",
+    "token_usage",
+    "full_token_usage",
+    "swa_token_usage",
+    "mamba_usage",
+    "num_used_tokens",
+    "kv_available_tokens",
+    "kv_evictable_tokens",
+    "kv_used_tokens",
+    "swa_available_tokens",
+    "swa_evictable_tokens",
+    "swa_used_tokens",
+    "mamba_available_tokens",
+    "mamba_evictable_tokens",
+    "mamba_used_tokens",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_cap_length",
+    "spec_block_accept_length",
+    "spec_num_steps",
+    "spec_num_draft_tokens",
+    "num_prefill_bootstrap_queue_reqs",
+    "num_prefill_inflight_queue_reqs",
+    "num_decode_prealloc_queue_reqs",
+    "num_decode_transfer_queue_reqs",
+    "num_decode_host_receive_queue_reqs",
+    "num_decode_deferred_kv_release_reqs",
+    "pending_prealloc_token_usage",
+    "prealloc_full_token_usage",
+    "prealloc_swa_token_usage",
+    "utilization",
+    "fwd_occupancy",
+    "new_token_ratio",
+    "is_cuda_graph",
+    "num_unique_running_routing_keys",
 )
 
 
 def case_parallel(case, proc):
-    return dict(tp_rank=proc["tp_rank"], pp_rank=0, moe_ep_rank=0,
-                dp_rank=proc["dp_rank"], attn_tp_rank=proc["tp_rank"],
-                attn_cp_rank=0, attn_dp_rank=0)
+    return dict(
+        tp_rank=proc["tp_rank"],
+        pp_rank=0,
+        moe_ep_rank=0,
+        dp_rank=proc["dp_rank"],
+        attn_tp_rank=proc["tp_rank"],
+        attn_cp_rank=0,
+        attn_dp_rank=0,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -595,10 +758,15 @@ def child(args):
     case, proc = spec["case"], spec["proc"]
     # fixed pid for the multiprocess files and "all"-mode gauge pid labels
     from prometheus_client import values
+
     values.ValueClass = values.MultiProcessValue(lambda: proc["pid"])
-    cfg = {"obs": case["obs"], "disagg": case["disagg"],
-           "parallel": case_parallel(case, proc) if proc["role"] == "scheduler"
-           else case_parallel(case, {"tp_rank": 0, "dp_rank": None})}
+    cfg = {
+        "obs": case["obs"],
+        "disagg": case["disagg"],
+        "parallel": case_parallel(case, proc)
+        if proc["role"] == "scheduler"
+        else case_parallel(case, {"tp_rank": 0, "dp_rank": None}),
+    }
     mc, server_args = load_sglang(args.wheel_dir, cfg)
     truth = Truth()
     if proc["role"] == "tokenizer":
@@ -611,6 +779,7 @@ def child(args):
 def render(mpdir):
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
     from prometheus_client.openmetrics import exposition as om
+
     reg = CollectorRegistry()
     multiprocess.MultiProcessCollector(reg, path=mpdir)
     return generate_latest(reg), om.generate_latest(reg)
@@ -621,14 +790,18 @@ def merge_processes(m):
     histograms; "mostrecent" gauges keep the newest write (the later process here).
     Happens for real: radix_cache_metric_labels() gives every DP replica dp_rank=0 unless
     DP attention is on, so two DP replicas' RadixCache series coincide."""
+
     def key(x):
         return (x["name"], tuple(sorted(x["labels"].items())))
+
     out = {"counters": {}, "gauges": {}, "histograms": {}}
     for c in m["counters"]:
         k = key(c)
         if k in out["counters"]:
             out["counters"][k]["value"] += c["value"]
-            out["counters"][k]["merged_from_processes"] = out["counters"][k].get("merged_from_processes", 1) + 1
+            out["counters"][k]["merged_from_processes"] = (
+                out["counters"][k].get("merged_from_processes", 1) + 1
+            )
         else:
             out["counters"][k] = dict(c)
     for g in m["gauges"]:
@@ -653,8 +826,13 @@ def run_case(args, case, drive):
     merged = {"counters": [], "gauges": [], "histograms": []}
     for proc in case["procs"]:
         spec = json.dumps({"case": case, "proc": proc, "drive": drive})
-        out = subprocess.run([sys.executable, HERE, "--wheel-dir", args.wheel_dir, "--child", spec],
-                             env=env, check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, HERE, "--wheel-dir", args.wheel_dir, "--child", spec],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         t = json.loads(out.stdout)
         for k in merged:
             merged[k].extend(t[k])
@@ -671,7 +849,10 @@ def ensure_wheel(version, cache):
     if os.path.isdir(os.path.join(d, "sglang")):
         return d
     os.makedirs(d, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", f"sglang=={version}", "-d", d], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", f"sglang=={version}", "-d", d],
+        check=True,
+    )
     whl = glob.glob(os.path.join(d, "sglang-*.whl"))[0]
     zipfile.ZipFile(whl).extractall(d)
     return d
@@ -680,9 +861,14 @@ def ensure_wheel(version, cache):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheel-dir", help="unpacked sglang wheel (dir containing sglang/)")
-    ap.add_argument("--download", metavar="VERSION", help="pip download + unpack this sglang version")
+    ap.add_argument(
+        "--download", metavar="VERSION", help="pip download + unpack this sglang version"
+    )
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/fleetscope/sglang-wheels"))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "..", "..", "tests", "data", "sglang-0.5.23"))
+    ap.add_argument(
+        "--out",
+        default=os.path.join(os.path.dirname(HERE), "..", "..", "tests", "data", "sglang-0.5.23"),
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -706,7 +892,10 @@ def main():
                     f.write(omtext)
             truth_all[name + ".prom"] = dict(
                 case={k: case[k] for k in ("disagg", "tp", "dp", "obs", "seed", "n_req", "spec")},
-                processes=case["procs"], driven=drive, **truth)
+                processes=case["procs"],
+                driven=drive,
+                **truth,
+            )
             print(name, len(text), "bytes", file=sys.stderr)
     with open(os.path.join(args.out, "truth.json"), "w") as f:
         json.dump(truth_all, f, indent=1, sort_keys=True)

@@ -19,7 +19,11 @@ import sys
 from prometheus_client.parser import text_string_to_metric_families
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "tests", "data", "sglang-0.5.23")
+DATA = (
+    sys.argv[1]
+    if len(sys.argv) > 1
+    else os.path.join(HERE, "..", "..", "tests", "data", "sglang-0.5.23")
+)
 
 
 def _fmt_le(b):
@@ -81,10 +85,11 @@ def main():
     om = os.path.join(DATA, "single_after.openmetrics.txt")
     if os.path.exists(om):
         from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+
         try:
             n = sum(len(f.samples) for f in om_parse(open(om).read()))
             print(f"single_after.openmetrics.txt: OpenMetrics parser OK, {n} samples")
-        except Exception as e:  # noqa: BLE001 - report, do not hide
+        except Exception as e:
             print(f"single_after.openmetrics.txt: OpenMetrics parser FAILS: {e}")
 
     try:
@@ -98,14 +103,16 @@ def main():
             continue
         try:
             e = parse(open(path, "rb").read(), time=0.0, wall_time=0.0)
-        except Exception as ex:  # noqa: BLE001
+        except Exception as ex:
             print(f"fleetscope {body}: ERROR {ex}")
             continue
         fams = set()
         for snap in e.values():
             for sid in snap:
                 fams.add(sid.split("{")[0])
-        print(f"fleetscope {body}: engines={list(e)} series={sum(len(s) for s in e.values())} families~{len(fams)}")
+        print(
+            f"fleetscope {body}: engines={list(e)} series={sum(len(s) for s in e.values())} families~{len(fams)}"
+        )
     return bad
 
 

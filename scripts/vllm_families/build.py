@@ -30,10 +30,14 @@ RULES = {
     "metric_labelnames": BASE + ["operation", "status"],  # mooncake store: labelnames + [...]
     "pos_labelnames": BASE + ["position"],  # spec decode: labelnames + ["position"]
     "labels": BASE + ["operation"],  # umbp: labels = labelnames + ["operation"]
-    "self._labelnames + INFO_LABELS": BASE + ["backend", "page_cache", "lazy_offload", "capacity_blocks"],
+    "self._labelnames + INFO_LABELS": BASE
+    + ["backend", "page_cache", "lazy_offload", "capacity_blocks"],
     "self._info_keys": BASE + ["<OffloadingSpec.config_info_keys(extra_config)>"],
-    "[self.labelname_max_lora, self.labelname_waiting_lora_adapters, self.labelname_running_lora_adapters]":
-        ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+    "[self.labelname_max_lora, self.labelname_waiting_lora_adapters, self.labelname_running_lora_adapters]": [
+        "max_lora",
+        "waiting_lora_adapters",
+        "running_lora_adapters",
+    ],
 }
 
 DEPRECATED_BY = {
@@ -51,7 +55,7 @@ def labels_of(d):
             t2 = t.replace("TIER_LABEL", "'tier'")
             try:
                 extra = list(ast.literal_eval(t2))
-            except Exception:  # noqa: BLE001
+            except Exception:
                 if t in RULES:
                     return RULES[t]
                 extra = [f"<{t}>"]
@@ -67,7 +71,7 @@ def labels_of(d):
         return BASE + list(ast.literal_eval(m.group(2)))
     try:
         return list(ast.literal_eval(t))
-    except Exception:  # noqa: BLE001
+    except Exception:
         return [f"<{t}>"]
 
 
@@ -75,9 +79,16 @@ def unit_of(name, typ):
     n = name.split(":", 1)[1]
     if n.endswith("_info"):
         return "info (value 1)"
-    for suf, u in (("_seconds", "seconds"), ("_perc", "ratio 0-1"), ("_bytes", "bytes"),
-                   ("_time", "seconds"), ("bytes_transferred", "bytes"), ("_size", "bytes"),
-                   ("tokens", "tokens"), ("_blocks", "blocks")):
+    for suf, u in (
+        ("_seconds", "seconds"),
+        ("_perc", "ratio 0-1"),
+        ("_bytes", "bytes"),
+        ("_time", "seconds"),
+        ("bytes_transferred", "bytes"),
+        ("_size", "bytes"),
+        ("tokens", "tokens"),
+        ("_blocks", "blocks"),
+    ):
         if n.removesuffix("_total").endswith(suf) or suf in n:
             return u
     if "requests" in n or "reqs" in n:
@@ -101,9 +112,15 @@ def buckets_of(d, bmod):
     if b is None:
         return "prometheus_client default"
     m = re.fullmatch(r"(\w+)_buckets", b)
-    if m and m.group(1) in ("request_latency", "time_to_first_token", "inter_token_latency",
-                            "iteration_tokens", "request_params_n", "request_num_preemptions",
-                            "kv_cache_residency"):
+    if m and m.group(1) in (
+        "request_latency",
+        "time_to_first_token",
+        "inter_token_latency",
+        "iteration_tokens",
+        "request_params_n",
+        "request_num_preemptions",
+        "kv_cache_residency",
+    ):
         return bmod.histogram_buckets(m.group(1))
     if b == "_BYTES_BUCKETS":  # mooncake/stats.py: tuple(2 ** (10 + i) for i in range(1, 25, 2))
         return [float(2 ** (10 + i)) for i in range(1, 25, 2)]
@@ -126,11 +143,17 @@ def build(ext, bmod):
         typ = "counter" if d["type"] == "?" else d["type"]
         name = d["name"]
         exposed = name + "_total" if typ == "counter" and not name.endswith("_total") else name
-        rec = dict(name=exposed, type=typ, labels=labels_of(d), unit=unit_of(exposed, typ),
-                   buckets=buckets_of(dict(d, type=typ), bmod),
-                   defined_in=f"{d['file']}:{d['line']}", definition=d["how"],
-                   help=d["help"] if isinstance(d["help"], str) else str(d["help"]),
-                   deprecated_by=DEPRECATED_BY.get(exposed))
+        rec = dict(
+            name=exposed,
+            type=typ,
+            labels=labels_of(d),
+            unit=unit_of(exposed, typ),
+            buckets=buckets_of(dict(d, type=typ), bmod),
+            defined_in=f"{d['file']}:{d['line']}",
+            definition=d["how"],
+            help=d["help"] if isinstance(d["help"], str) else str(d["help"]),
+            deprecated_by=DEPRECATED_BY.get(exposed),
+        )
         if typ == "gauge" and d.get("multiprocess_mode"):
             rec["multiprocess_mode"] = d["multiprocess_mode"].strip("'\"")
         rec["engine_label"] = "engine" in rec["labels"]
@@ -141,17 +164,25 @@ def build(ext, bmod):
             out[exposed] = rec
     # built from a local variable the extractor cannot follow (loggers.log_metrics_info)
     out["vllm:cache_config_info"] = dict(
-        name="vllm:cache_config_info", type="gauge",
-        labels=["<CacheConfig fields: metrics_info() keys>", "engine"], unit="info (value 1)",
-        buckets=None, defined_in="vllm/v1/metrics/loggers.py (log_metrics_info)",
-        definition="constructor (name from local variable)", multiprocess_mode="mostrecent",
-        help="Information of the LLMEngine CacheConfig", deprecated_by=None, engine_label=True)
+        name="vllm:cache_config_info",
+        type="gauge",
+        labels=["<CacheConfig fields: metrics_info() keys>", "engine"],
+        unit="info (value 1)",
+        buckets=None,
+        defined_in="vllm/v1/metrics/loggers.py (log_metrics_info)",
+        definition="constructor (name from local variable)",
+        multiprocess_mode="mostrecent",
+        help="Information of the LLMEngine CacheConfig",
+        deprecated_by=None,
+        engine_label=True,
+    )
     return [out[k] for k in sorted(out)]
 
 
 def check_against_bodies(fams, fixtures):
     """Label sets of the real 0.32 bodies vs the resolved ones."""
     from prometheus_client.parser import text_string_to_metric_families
+
     by = {f["name"]: f for f in fams}
     problems, seen = [], set()
     for fn in sorted(os.listdir(fixtures)):
@@ -169,7 +200,9 @@ def check_against_bodies(fams, fixtures):
             for s in fam.samples:
                 got = set(s.labels) - {"le", "quantile"}
                 want = {x for x in rec["labels"] if not x.startswith("<")}
-                if not want <= got or (not any(x.startswith("<") for x in rec["labels"]) and got != want):
+                if not want <= got or (
+                    not any(x.startswith("<") for x in rec["labels"]) and got != want
+                ):
                     problems.append(f"{name}: body labels {sorted(got)} vs source {rec['labels']}")
                     break
     return sorted(seen), problems
@@ -198,8 +231,10 @@ def table(fams, only=None):
         if only is not None and f["name"] not in only:
             continue
         dep = " **deprecated**" if f.get("deprecated_by") else ""
-        rows.append(f"| `{f['name']}`{dep} | {f['type']} | {_labels(f['labels'])} | {f['unit']} | "
-                    f"{_bk(f['buckets'])} | `{f['defined_in'].split(':')[0].removeprefix('vllm/')}` |")
+        rows.append(
+            f"| `{f['name']}`{dep} | {f['type']} | {_labels(f['labels'])} | {f['unit']} | "
+            f"{_bk(f['buckets'])} | `{f['defined_in'].split(':')[0].removeprefix('vllm/')}` |"
+        )
     return "\n".join(rows)
 
 
@@ -212,7 +247,10 @@ def main():
         ext = json.load(open(path))
         res[ext["version"]] = build(ext, bmod)
     seen, problems = check_against_bodies(res["0.32.0"], fixtures)
-    print(f"checked {len(seen)} families of the real 0.32 bodies; problems: {problems}", file=sys.stderr)
+    print(
+        f"checked {len(seen)} families of the real 0.32 bodies; problems: {problems}",
+        file=sys.stderr,
+    )
     json.dump(res, sys.stdout, indent=1)
     sys.stdout.write("\n")
     if readme_tables:

@@ -27,7 +27,10 @@ import re
 import sys
 
 TYPE_RE = re.compile(r"(counter|gauge|histogram|summary|info)", re.I)
-CTOR_RE = re.compile(r"(^|\.)(_?(counter|gauge|histogram|summary|info)(_cls)?|Counter|Gauge|Histogram|Summary|Info)$", re.I)
+CTOR_RE = re.compile(
+    r"(^|\.)(_?(counter|gauge|histogram|summary|info)(_cls)?|Counter|Gauge|Histogram|Summary|Info)$",
+    re.I,
+)
 
 
 def _str_consts(tree):
@@ -36,13 +39,21 @@ def _str_consts(tree):
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             for st in node.body:
-                if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str):
+                if (
+                    isinstance(st, ast.Assign)
+                    and isinstance(st.value, ast.Constant)
+                    and isinstance(st.value.value, str)
+                ):
                     for t in st.targets:
                         if isinstance(t, ast.Name):
                             out[f"{node.name}.{t.id}"] = st.value.value
                             out.setdefault(t.id, st.value.value)
     for st in tree.body:
-        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str):
+        if (
+            isinstance(st, ast.Assign)
+            and isinstance(st.value, ast.Constant)
+            and isinstance(st.value.value, str)
+        ):
             for t in st.targets:
                 if isinstance(t, ast.Name):
                     out[t.id] = st.value.value
@@ -55,7 +66,12 @@ GLOBAL_CONSTS: dict = {}
 def _resolve(node, consts):
     if node is None:
         return None
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_vllm_metric_name" and node.args:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "_vllm_metric_name"
+        and node.args
+    ):
         inner = _resolve(node.args[0], consts)
         return None if inner is None else "vllm:" + inner  # tiering/kvcr: f"vllm:{name}"
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -84,7 +100,7 @@ def _literals(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List)):
             try:
                 val = ast.literal_eval(node.value)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 continue
             for t in node.targets:
                 if isinstance(t, ast.Name):
@@ -97,7 +113,7 @@ def _buckets(node, lits):
         return None
     try:
         return list(ast.literal_eval(node))
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     if isinstance(node, ast.Name) and node.id in lits:
         return lits[node.id]
@@ -125,7 +141,7 @@ def _doc(node, consts):
         return str(node.value)
     try:
         return ast.literal_eval(node)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return _src(node)
 
 
@@ -144,9 +160,7 @@ def extract(pkg):
         except SyntaxError:
             continue
         for k, v in _str_consts(tree).items():
-            if "." in k and v.startswith("vllm:"):
-                GLOBAL_CONSTS.setdefault(k, v)
-            elif v.startswith("vllm:"):
+            if ("." in k and v.startswith("vllm:")) or v.startswith("vllm:"):
                 GLOBAL_CONSTS.setdefault(k, v)
     fams = []
     for root, _, files in os.walk(pkg):
@@ -179,11 +193,19 @@ def extract(pkg):
                     ln = _kw(node, "labelnames")
                     if ln is None and len(node.args) > 2:
                         ln = node.args[2]
-                    fams.append(dict(name=name, type=typ, help=_doc(doc, consts),
-                                     labelnames=_src(ln),
-                                     buckets=_buckets(_kw(node, "buckets"), lits),
-                                     multiprocess_mode=_src(_kw(node, "multiprocess_mode")),
-                                     file=rel, line=node.lineno, how="constructor"))
+                    fams.append(
+                        dict(
+                            name=name,
+                            type=typ,
+                            help=_doc(doc, consts),
+                            labelnames=_src(ln),
+                            buckets=_buckets(_kw(node, "buckets"), lits),
+                            multiprocess_mode=_src(_kw(node, "multiprocess_mode")),
+                            file=rel,
+                            line=node.lineno,
+                            how="constructor",
+                        )
+                    )
                 elif isinstance(node, ast.Dict):
                     for k, v in zip(node.keys, node.values):
                         name = _resolve(k, consts) if k is not None else None
@@ -192,30 +214,58 @@ def extract(pkg):
                         m = TYPE_RE.search(_src(v.func))
                         if not m:
                             continue
-                        fams.append(dict(name=name, type=m.group(1).lower(),
-                                         help=_doc(_kw(v, "documentation"), consts),
-                                         labelnames=_src(_kw(v, "labelnames")),
-                                         buckets=_buckets(_kw(v, "buckets"), lits),
-                                         multiprocess_mode=None, file=rel, line=k.lineno,
-                                         how="metadata table"))
-                elif (isinstance(node, ast.Assign) and len(node.targets) == 1
-                      and isinstance(node.targets[0], ast.Subscript) and isinstance(node.value, ast.Call)):
+                        fams.append(
+                            dict(
+                                name=name,
+                                type=m.group(1).lower(),
+                                help=_doc(_kw(v, "documentation"), consts),
+                                labelnames=_src(_kw(v, "labelnames")),
+                                buckets=_buckets(_kw(v, "buckets"), lits),
+                                multiprocess_mode=None,
+                                file=rel,
+                                line=k.lineno,
+                                how="metadata table",
+                            )
+                        )
+                elif (
+                    isinstance(node, ast.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Subscript)
+                    and isinstance(node.value, ast.Call)
+                ):
                     name = _resolve(node.targets[0].slice, consts)
                     m = TYPE_RE.search(_src(node.value.func))
                     if name and name.startswith("vllm:") and m:
                         v = node.value
-                        fams.append(dict(name=name, type=m.group(1).lower(),
-                                         help=_doc(_kw(v, "documentation"), consts),
-                                         labelnames=_src(_kw(v, "labelnames")),
-                                         buckets=_buckets(_kw(v, "buckets"), lits),
-                                         multiprocess_mode=None, file=rel, line=node.lineno,
-                                         how="metadata table"))
+                        fams.append(
+                            dict(
+                                name=name,
+                                type=m.group(1).lower(),
+                                help=_doc(_kw(v, "documentation"), consts),
+                                labelnames=_src(_kw(v, "labelnames")),
+                                buckets=_buckets(_kw(v, "buckets"), lits),
+                                multiprocess_mode=None,
+                                file=rel,
+                                line=node.lineno,
+                                how="metadata table",
+                            )
+                        )
                 elif isinstance(node, ast.Tuple) and len(node.elts) == 2:
                     name = _resolve(node.elts[0], consts)
                     if name and name.startswith("vllm:") and isinstance(node.elts[1], ast.Constant):
-                        fams.append(dict(name=name, type="?", help=node.elts[1].value,
-                                         labelnames=None, buckets=None, multiprocess_mode=None,
-                                         file=rel, line=node.lineno, how="(name, help) tuple"))
+                        fams.append(
+                            dict(
+                                name=name,
+                                type="?",
+                                help=node.elts[1].value,
+                                labelnames=None,
+                                buckets=None,
+                                multiprocess_mode=None,
+                                file=rel,
+                                line=node.lineno,
+                                how="(name, help) tuple",
+                            )
+                        )
     return fams
 
 
