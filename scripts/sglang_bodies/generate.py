@@ -383,7 +383,7 @@ def run_tokenizer(mc, server_args, case, truth, drive):
     for r in make_requests(case):
         sl = {**labels, "is_streaming": "true" if r["stream"] else "false"}
         if r["aborted"]:
-            # tokenizer_manager._handle_abort_req: counter only, no TTFT/e2e.
+            # TokenizerManager.abort_request: counter only (the abort output that may follow is not modelled)
             col.observe_one_aborted_request(col.labels)
             truth.inc("sglang:num_aborted_requests_total", labels, 1)
             continue
