@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Check every body in tests/data/sglang-0.5.23 against truth.json.
+
+1. prometheus_client's own text parser: every sample of the body must be in the truth
+   and every truth value must be in the body, exactly (counts, sums, cumulative buckets).
+2. fleetscope's parser: prints what it makes of each body (engines, selected series), so
+   the README's "what fleetscope reads / loses" section can be checked.
+
+    PYTHONPATH=src python scripts/sglang_bodies/verify.py [data-dir]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+from prometheus_client.parser import text_string_to_metric_families
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = (
+    sys.argv[1]
+    if len(sys.argv) > 1
+    else os.path.join(HERE, "..", "..", "tests", "data", "sglang-0.5.23")
+)
+
+
+def _fmt_le(b):
+    if b == "+Inf":
+        return "+Inf"
+    return repr(float(b))
+
+
+def expected_samples(t):
+    exp = {}
+
+    def put(name, labels, v):
+        exp[(name, tuple(sorted(labels.items())))] = v
+
+    for c in t["counters"]:
+        put(c["name"], c["labels"], float(c["value"]))
+    for g in t["gauges"]:
+        v = g["value"]
+        put(g["name"], g["labels"], float("nan") if v == "NaN" else float(v))
+    for h in t["histograms"]:
+        for le, n in h["buckets"]:
+            put(h["name"] + "_bucket", {**h["labels"], "le": _fmt_le(le)}, float(n))
+        put(h["name"] + "_count", h["labels"], float(h["count"]))
+        put(h["name"] + "_sum", h["labels"], float(h["sum"]))
+    return exp
+
+
+def body_samples(text):
+    got = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = dict(s.labels)
+            if "le" in labels and s.name.endswith("_bucket"):
+                labels["le"] = _fmt_le(labels["le"]) if labels["le"] != "+Inf" else "+Inf"
+            got[(s.name, tuple(sorted(labels.items())))] = s.value
+    return got
+
+
+def same(a, b):
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def main():
+    truth = json.load(open(os.path.join(DATA, "truth.json")))
+    bad = 0
+    for body, t in sorted(truth.items()):
+        text = open(os.path.join(DATA, body)).read()
+        got = body_samples(text)
+        exp = expected_samples(t)
+        missing = [k for k in exp if k not in got]
+        extra = [k for k in got if k not in exp]
+        wrong = [k for k in exp if k in got and not same(exp[k], got[k])]
+        status = "OK" if not (missing or extra or wrong) else "MISMATCH"
+        bad += status != "OK"
+        print(f"{body}: {len(got)} samples, prometheus_client parse {status}")
+        for lbl, ks in (("missing", missing), ("extra", extra), ("wrong", wrong)):
+            for k in ks[:5]:
+                print(f"   {lbl}: {k} exp={exp.get(k)} got={got.get(k)}")
+    om = os.path.join(DATA, "single_after.openmetrics.txt")
+    if os.path.exists(om):
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+
+        try:
+            n = sum(len(f.samples) for f in om_parse(open(om).read()))
+            print(f"single_after.openmetrics.txt: OpenMetrics parser OK, {n} samples")
+        except Exception as e:
+            print(f"single_after.openmetrics.txt: OpenMetrics parser FAILS: {e}")
+
+    try:
+        from fleetscope.exposition import parse
+    except ImportError:
+        print("fleetscope not importable (set PYTHONPATH=src)")
+        return bad
+    for body in sorted(truth) + ["single_after.openmetrics.txt"]:
+        path = os.path.join(DATA, body)
+        if not os.path.exists(path):
+            continue
+        try:
+            e = parse(open(path, "rb").read(), time=0.0, wall_time=0.0)
+        except Exception as ex:
+            print(f"fleetscope {body}: ERROR {ex}")
+            continue
+        fams = set()
+        for snap in e.values():
+            for sid in snap:
+                fams.add(sid.split("{")[0])
+        print(
+            f"fleetscope {body}: engines={list(e)} series={sum(len(s) for s in e.values())} families~{len(fams)}"
+        )
+    return bad
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main() else 0)

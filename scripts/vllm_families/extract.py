@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""Statically list the `vllm:` metric families a vLLM source tree defines.
+
+    python scripts/vllm_families/extract.py VLLM_PKG_DIR VERSION > out.json
+
+Reads every .py file under the package with `ast` (nothing is imported) and records each
+place a family is *defined*:
+
+* a prometheus constructor call (`Counter(`, `Gauge(`, `Histogram(`, `self._counter_cls(`,
+  `prometheus_client.Gauge(` ...) whose `name=` / first argument resolves to a `vllm:` string
+  (string constants, module / class constants, f-strings are resolved within the file);
+* a metadata table entry `{NAME: SomethingCounterMetadata(...)}` (KV offload, tiering, CPU
+  offload connectors build their metrics from such tables);
+* `("vllm:name", "help")` tuples handed to a constructor loop (spec decode counters).
+
+For each: type, help text, labelnames and buckets as source text (`ast.unparse`), file and line.
+`labelnames` of PrometheusStatLogger (`["model_name", "engine"]`) is substituted where a call
+passes that variable. The output needs a human pass for dynamic cases; README.md says which.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import sys
+
+TYPE_RE = re.compile(r"(counter|gauge|histogram|summary|info)", re.I)
+CTOR_RE = re.compile(
+    r"(^|\.)(_?(counter|gauge|histogram|summary|info)(_cls)?|Counter|Gauge|Histogram|Summary|Info)$",
+    re.I,
+)
+
+
+def _str_consts(tree):
+    """name -> string for module-level and class-level NAME = "..." assignments."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for st in node.body:
+                if (
+                    isinstance(st, ast.Assign)
+                    and isinstance(st.value, ast.Constant)
+                    and isinstance(st.value.value, str)
+                ):
+                    for t in st.targets:
+                        if isinstance(t, ast.Name):
+                            out[f"{node.name}.{t.id}"] = st.value.value
+                            out.setdefault(t.id, st.value.value)
+    for st in tree.body:
+        if (
+            isinstance(st, ast.Assign)
+            and isinstance(st.value, ast.Constant)
+            and isinstance(st.value.value, str)
+        ):
+            for t in st.targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = st.value.value
+    return out
+
+
+GLOBAL_CONSTS: dict = {}
+
+
+def _resolve(node, consts):
+    if node is None:
+        return None
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "_vllm_metric_name"
+        and node.args
+    ):
+        inner = _resolve(node.args[0], consts)
+        return None if inner is None else "vllm:" + inner  # tiering/kvcr: f"vllm:{name}"
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return consts.get(node.id) or GLOBAL_CONSTS.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = node.value
+        if isinstance(base, ast.Name):
+            key = f"{base.id}.{node.attr}"
+            return consts.get(key) or GLOBAL_CONSTS.get(key)
+        return consts.get(node.attr)
+    if isinstance(node, ast.JoinedStr):
+        return ast.unparse(node)[2:-1]  # f"..." -> text with {expr}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        a, b = _resolve(node.left, consts), _resolve(node.right, consts)
+        if a is not None and b is not None:
+            return a + b
+    return None
+
+
+def _literals(tree):
+    """NAME = (literal tuple/list) at module or class level, for bucket constants."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List)):
+            try:
+                val = ast.literal_eval(node.value)
+            except Exception:
+                continue
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = list(val)
+    return out
+
+
+def _buckets(node, lits):
+    if node is None:
+        return None
+    try:
+        return list(ast.literal_eval(node))
+    except Exception:
+        pass
+    if isinstance(node, ast.Name) and node.id in lits:
+        return lits[node.id]
+    return _src(node)
+
+
+def _kw(call, name):
+    for k in call.keywords:
+        if k.arg == name:
+            return k.value
+    return None
+
+
+def _src(node):
+    return None if node is None else ast.unparse(node)
+
+
+def _doc(node, consts):
+    if node is None:
+        return None
+    v = _resolve(node, consts)
+    if v is not None:
+        return v
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    try:
+        return ast.literal_eval(node)
+    except Exception:
+        return _src(node)
+
+
+def _py_files(pkg):
+    for root, _, files in os.walk(pkg):
+        for fn in sorted(files):
+            if fn.endswith(".py"):
+                yield os.path.join(root, fn)
+
+
+def extract(pkg):
+    # pass 1: class constants of every file (Metric-name classes are imported across files)
+    for path in _py_files(pkg):
+        try:
+            tree = ast.parse(open(path, encoding="utf-8").read())
+        except SyntaxError:
+            continue
+        for k, v in _str_consts(tree).items():
+            if ("." in k and v.startswith("vllm:")) or v.startswith("vllm:"):
+                GLOBAL_CONSTS.setdefault(k, v)
+    fams = []
+    for root, _, files in os.walk(pkg):
+        for fn in sorted(files):
+            if not fn.endswith(".py"):
+                continue
+            path = os.path.join(root, fn)
+            rel = os.path.relpath(path, os.path.dirname(pkg))
+            try:
+                tree = ast.parse(open(path, encoding="utf-8").read())
+            except SyntaxError:
+                continue
+            consts = _str_consts(tree)
+            lits = _literals(tree)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call):
+                    f = _src(node.func)
+                    if not CTOR_RE.search(f):
+                        continue
+                    nm = _kw(node, "name")
+                    if nm is None and node.args:
+                        nm = node.args[0]
+                    name = _resolve(nm, consts)
+                    if not name or not name.startswith("vllm:"):
+                        continue
+                    typ = TYPE_RE.search(f.split(".")[-1]).group(1).lower()
+                    doc = _kw(node, "documentation")
+                    if doc is None and len(node.args) > 1:
+                        doc = node.args[1]
+                    ln = _kw(node, "labelnames")
+                    if ln is None and len(node.args) > 2:
+                        ln = node.args[2]
+                    fams.append(
+                        dict(
+                            name=name,
+                            type=typ,
+                            help=_doc(doc, consts),
+                            labelnames=_src(ln),
+                            buckets=_buckets(_kw(node, "buckets"), lits),
+                            multiprocess_mode=_src(_kw(node, "multiprocess_mode")),
+                            file=rel,
+                            line=node.lineno,
+                            how="constructor",
+                        )
+                    )
+                elif isinstance(node, ast.Dict):
+                    for k, v in zip(node.keys, node.values):
+                        name = _resolve(k, consts) if k is not None else None
+                        if not name or not name.startswith("vllm:") or not isinstance(v, ast.Call):
+                            continue
+                        m = TYPE_RE.search(_src(v.func))
+                        if not m:
+                            continue
+                        fams.append(
+                            dict(
+                                name=name,
+                                type=m.group(1).lower(),
+                                help=_doc(_kw(v, "documentation"), consts),
+                                labelnames=_src(_kw(v, "labelnames")),
+                                buckets=_buckets(_kw(v, "buckets"), lits),
+                                multiprocess_mode=None,
+                                file=rel,
+                                line=k.lineno,
+                                how="metadata table",
+                            )
+                        )
+                elif (
+                    isinstance(node, ast.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Subscript)
+                    and isinstance(node.value, ast.Call)
+                ):
+                    name = _resolve(node.targets[0].slice, consts)
+                    m = TYPE_RE.search(_src(node.value.func))
+                    if name and name.startswith("vllm:") and m:
+                        v = node.value
+                        fams.append(
+                            dict(
+                                name=name,
+                                type=m.group(1).lower(),
+                                help=_doc(_kw(v, "documentation"), consts),
+                                labelnames=_src(_kw(v, "labelnames")),
+                                buckets=_buckets(_kw(v, "buckets"), lits),
+                                multiprocess_mode=None,
+                                file=rel,
+                                line=node.lineno,
+                                how="metadata table",
+                            )
+                        )
+                elif isinstance(node, ast.Tuple) and len(node.elts) == 2:
+                    name = _resolve(node.elts[0], consts)
+                    if name and name.startswith("vllm:") and isinstance(node.elts[1], ast.Constant):
+                        fams.append(
+                            dict(
+                                name=name,
+                                type="?",
+                                help=node.elts[1].value,
+                                labelnames=None,
+                                buckets=None,
+                                multiprocess_mode=None,
+                                file=rel,
+                                line=node.lineno,
+                                how="(name, help) tuple",
+                            )
+                        )
+    return fams
+
+
+def main():
+    pkg, version = sys.argv[1], sys.argv[2]
+    fams = extract(os.path.abspath(pkg))
+    json.dump({"version": version, "definitions": fams}, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
