@@ -184,6 +184,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     from fleetscope.collector import Collector
     from fleetscope.health import HealthThresholds
+    from fleetscope.signals import stop_on_signals
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     fixed = _endpoints_from_args(args)
@@ -217,14 +218,21 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 follow = asyncio.create_task(
                     _follow_endpoints_file(collector, args.endpoints_file, fixed, args.interval)
                 )
+            # SIGINT, SIGTERM and SIGHUP: last poll, run summary to every sink, sinks closed,
+            # exit 0 (fleetscope.signals; a second signal during the stop is ignored)
+            stopper = stop_on_signals(collector, chain=False)
             try:
+                waits = [asyncio.ensure_future(stopper.wait())]
                 if args.duration:
-                    await asyncio.sleep(args.duration)
-                else:
-                    await asyncio.Event().wait()
+                    waits.append(asyncio.ensure_future(asyncio.sleep(args.duration)))
+                _done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for t in pending:
+                    t.cancel()
             finally:
                 if follow is not None:
                     follow.cancel()
+                await collector.stop()  # no-op after a signal's stop
+                stopper.restore()
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run())
@@ -619,6 +627,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"]:
+        # argparse.REMAINDER does not take options that come first (`simulate --endpoints 4`
+        # was "unrecognized arguments"): the simulator parses its own command line
+        from fleetscope.simulate.server import cli_main
+
+        return int(cli_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
