@@ -415,7 +415,75 @@ def test_jsonl_round_trip(tmp_path: Path) -> None:
 
     path.write_text('{"step": 0\n{"summary": {}}\n')
     with pytest.raises(ValueError, match=":1: not JSON"):
-        read_jsonl(path)
+        read_jsonl(path, strict=True)
+
+
+def test_read_jsonl_skips_and_reports_a_torn_line_mid_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torn line mid-file (a disk that was full for a moment, with an older writer) is
+    skipped and reported; the lines around it are read."""
+    path = tmp_path / "f.jsonl"
+    good = '{"step":0,"wall_time":1.0,"metrics":{"a":1}}'
+    path.write_text(
+        good + "\n" + '{"step":1,"wall_time":2.0,"metr' + "\n"
+        '{"step":2,"wall_time":3.0,"metrics":{"a":3}}\n[1]\n{"summary":{"s":1}}\n'
+    )
+    errors: list[tuple[int, str]] = []
+    with caplog.at_level(logging.WARNING, logger="fleetscope.sinks.jsonl"):
+        polls, summary = read_jsonl(path, errors=errors)
+    assert [p["step"] for p in polls] == [0, 2] and summary == {"s": 1}
+    assert [e[0] for e in errors] == [2, 4]
+    assert "skipped 2 torn or malformed line(s)" in caplog.text
+
+
+def test_jsonl_disk_full_mid_line_leaves_no_torn_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write that stops half way (ENOSPC after a short write) is cut back: the file holds
+    whole lines only, and the next poll after the disk has room again is written whole."""
+    import errno
+    import os
+
+    path = tmp_path / "f.jsonl"
+    sink = JsonlSink(path)
+    sink.log({"a": 1}, step=0, wall_time=1.0)
+    real_write = os.write
+    calls = {"n": 0}
+
+    def full_disk(fd: int, data: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data)[: len(data) // 2])  # a short write ...
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")  # ... then the disk is full
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with caplog.at_level(logging.WARNING, logger="fleetscope.sinks.jsonl"):
+        sink.log({"a": 2, "b": "x" * 1000}, step=1, wall_time=2.0)  # lost, warned
+        sink.log({"a": 3}, step=2, wall_time=3.0)  # the disk has room again
+        sink.log_summary({"s": 1})
+    monkeypatch.undo()
+    sink.close()
+    assert "No space left" in caplog.text
+    text = path.read_text()
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        json.loads(line)  # every line whole
+    errors: list[tuple[int, str]] = []
+    polls, summary = read_jsonl(path, errors=errors)
+    assert errors == [] and [p["step"] for p in polls] == [0, 2] and summary == {"s": 1}
+
+
+def test_jsonl_append_cuts_a_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "f.jsonl"
+    path.write_text('{"step":0,"wall_time":1.0,"metrics":{"a":1}}\n{"step":1,"wal')
+    with JsonlSink(path, append=True) as sink:
+        sink.log({"a": 2}, step=1, wall_time=2.0)
+    errors: list[tuple[int, str]] = []
+    polls, _ = read_jsonl(path, errors=errors)
+    assert errors == [] and [p["metrics"]["a"] for p in polls] == [1, 2]
 
 
 def test_jsonl_log_after_close_warns_not_raises(
