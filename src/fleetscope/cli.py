@@ -13,16 +13,50 @@ from pathlib import Path
 from fleetscope import __version__
 
 
-def _read_source(source: str, timeout: float) -> tuple[bytes, float, float]:
-    """A body from a file or a URL, with the (monotonic, wall) time it arrived."""
+class SourceError(Exception):
+    """A body that could not be read within the bounds (size, time)."""
+
+
+def _read_source(
+    source: str, timeout: float, *, max_bytes: int | None = None
+) -> tuple[bytes, float, float]:
+    """A body from a file or a URL, with the (monotonic, wall) time it arrived.
+
+    Bounded like the collector's scrapes: at most ``max_bytes`` (default
+    ``fleetscope.exposition.MAX_BODY_BYTES``), and a URL's whole download (connect, headers,
+    body) within ``timeout`` seconds, not just per read."""
+    from fleetscope.exposition import MAX_BODY_BYTES
+
+    cap = MAX_BODY_BYTES if max_bytes is None else max_bytes
     if source.startswith(("http://", "https://")):
         import httpx
 
+        from fleetscope._redact import redact
+
         url = source if source.rstrip("/").endswith("/metrics") else source.rstrip("/") + "/metrics"
-        r = httpx.get(url, timeout=timeout)
-        r.raise_for_status()
-        return r.content, time.monotonic(), time.time()
-    data = Path(source).read_bytes()
+        deadline = time.monotonic() + timeout
+        chunks: list[bytes] = []
+        size = 0
+        with httpx.Client(timeout=timeout) as client, client.stream("GET", url) as r:
+            r.raise_for_status()
+            declared = r.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > cap:
+                raise SourceError(f"body of {int(declared)} bytes exceeds the {cap} byte cap")
+            for chunk in r.iter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise SourceError(f"body exceeds the {cap} byte cap")
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise SourceError(
+                        f"{redact(url)}: body not complete after {timeout:g} s (--timeout)"
+                    )
+        return b"".join(chunks), time.monotonic(), time.time()
+    path = Path(source)
+    with path.open("rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise SourceError(f"file larger than the {cap} byte cap")
     return data, time.monotonic(), time.time()
 
 
@@ -46,7 +80,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 mono = i * args.interval
             expo = parser.parse(body, time=mono, wall_time=wall)
         except Exception as e:
-            print(f"fleetscope inspect: cannot read {src}: {e}", file=sys.stderr)
+            from fleetscope._redact import redact
+
+            print(f"fleetscope inspect: cannot read {redact(src)}: {redact(str(e))}", file=sys.stderr)
             return 2
         results.append(ScrapeResult(name, expo, mono, wall, role=role))
     state.observe([results[0]])
@@ -133,12 +169,16 @@ async def _follow_endpoints_file(collector, path: str, fixed, interval: float) -
                 seen, last_error = stamp, None
                 if added or removed:
                     changes = [f"+{e.name}={e.url}" for e in added] + [f"-{n}" for n in removed]
-                    log.warning("fleetscope: %s: fleet changed: %s", path, ", ".join(changes))
+                    log.warning(
+                        "fleetscope: %s: fleet changed: %s", path, redact(", ".join(changes))
+                    )
         except (OSError, ValueError) as e:
             seen = None  # read it again next time
             if str(e) != last_error:  # once per distinct problem, not every interval
                 last_error = str(e)
-                log.warning("fleetscope: endpoints file %s: %s; fleet unchanged", path, e)
+                log.warning(
+                    "fleetscope: endpoints file %s: %s; fleet unchanged", path, redact(str(e))
+                )
         await asyncio.sleep(interval)
 
 
@@ -558,7 +598,12 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--role", choices=["prefill", "decode"], default=None)
     ins.add_argument("--name", default=None, help="endpoint name (server0)")
     ins.add_argument("--filter", default=None, help="only keys containing this text")
-    ins.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout for URLs")
+    ins.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="for URLs: seconds for each whole download (5); bodies are capped like scrapes",
+    )
     ins.set_defaults(func=cmd_inspect)
 
     w = sub.add_parser(
