@@ -65,7 +65,7 @@ def test_demo_offline_wandb_matches_jsonl(tmp_path: Path) -> None:
         [*cmd, *args],
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=400,  # a bound for a loaded machine
         env=env,
         cwd=tmp_path,
         check=False,
@@ -124,7 +124,8 @@ def test_demo_offline_wandb_matches_jsonl(tmp_path: Path) -> None:
     bad = [k for k in summary if k not in wandb_summary or not same(wandb_summary[k], summary[k])]
     assert not bad, bad[:5]
     for label in ("train", "eval", "idle"):
-        assert summary[f"inference_summary/{label}/agg/generation_tokens_total/delta"] > 0
+        gen = summary[f"inference_summary/{label}/agg/generation_tokens_total/delta"]
+        assert gen > 0, (label, gen)  # the demo polls until each part of the run saw tokens
     parts = sum(
         summary[f"inference_summary/{label}/agg/generation_tokens_total/delta"]
         for label in ("train", "eval", "idle")

@@ -123,55 +123,102 @@ def _role_and_url(spec: str) -> tuple[str | None, str]:
     return role, url.strip()
 
 
+ENDPOINTS_FILE_SETTLE_S = 0.2
+
+
 def read_endpoints_file(path: str):
     """An endpoints file: one endpoint per line, ``URL`` or ``prefill=URL`` / ``decode=URL``;
     blank lines and ``#`` comments are ignored."""
+    with open(path, encoding="utf-8") as f:
+        return parse_endpoints_text(f.read())
+
+
+def parse_endpoints_text(text: str):
+    """The endpoints listed in an endpoints file's text (see :func:`read_endpoints_file`);
+    ``ValueError`` naming the line for anything that is not a URL."""
     import httpx
 
     from fleetscope.sources.http import Endpoint
 
     eps = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            try:
-                role, url = _role_and_url(line)
-            except ValueError as e:
-                raise ValueError(f"line {lineno}: {e}") from None
-            try:
-                parsed = httpx.URL(url)
-            except httpx.InvalidURL as e:
-                raise ValueError(f"line {lineno}: {url!r} is not a URL ({e})") from None
-            if parsed.scheme not in ("http", "https") or not parsed.host:
-                raise ValueError(f"line {lineno}: {url!r} is not an http(s) URL")
-            eps.append(Endpoint(url=url, role=role))
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            role, url = _role_and_url(line)
+        except ValueError as e:
+            raise ValueError(f"line {lineno}: {e}") from None
+        try:
+            parsed = httpx.URL(url)
+            port = parsed.port
+        except (httpx.InvalidURL, ValueError) as e:
+            raise ValueError(f"line {lineno}: {url!r} is not a URL ({e})") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"line {lineno}: {url!r} is not an http(s) URL")
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"line {lineno}: {url!r} has no valid port")
+        eps.append(Endpoint(url=url, role=role))
     return eps
 
 
-async def _follow_endpoints_file(collector, path: str, fixed, interval: float) -> None:
+async def read_stable_text(path: str, settle: float = ENDPOINTS_FILE_SETTLE_S, pause=None) -> str:
+    """The file's text once two reads ``settle`` seconds apart agree (an editor or a script
+    rewriting it leaves it empty or cut short for a moment); ``OSError`` if unreadable,
+    ``ValueError`` if it keeps changing (five tries)."""
+    import asyncio
+
+    pause = pause or asyncio.sleep
+    for _ in range(5):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.read()
+        await pause(settle)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            second = f.read()
+        if first == second:
+            return second
+    raise ValueError("still being written (it changed between reads); will read it again")
+
+
+async def _follow_endpoints_file(
+    collector, path: str, fixed, interval: float, *, settle: float = ENDPOINTS_FILE_SETTLE_S,
+    pause=None, applied: str | None = None,
+) -> None:
     """Re-read ``path`` when it changes and make the watched fleet ``fixed`` + its endpoints.
-    A file that cannot be read or parsed keeps the fleet as it is, with a warning."""
+
+    A change is applied only when the file parses AND reads the same twice ``settle`` seconds
+    apart (``read_stable_text``): a file that is empty or cut mid-line for a moment, while it
+    is rewritten, is not applied. An empty file (no servers) is applied like any other once it
+    stays empty across the two reads. Endpoints whose URL stays keep their names
+    (``Collector.set_endpoints`` matches by URL). A file that cannot be read or parsed keeps the
+    fleet as it is, with one warning per distinct problem. ``applied``: the text the fleet was
+    built from already (at start), so it is not applied again."""
     import asyncio
     import logging
     import os
 
+    from fleetscope._redact import redact
+
     log = logging.getLogger("fleetscope")
-    seen: tuple[int, int] | None = None
+    seen: tuple[int, int, int] | None = None
     last_error: str | None = None
     while True:
         try:
             st = os.stat(path)
-            stamp = (st.st_mtime_ns, st.st_size)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp != seen:
-                added, removed = collector.set_endpoints([*fixed, *read_endpoints_file(path)])
+                text = await read_stable_text(path, settle, pause)
+                endpoints = parse_endpoints_text(text)
                 seen, last_error = stamp, None
-                if added or removed:
-                    changes = [f"+{e.name}={e.url}" for e in added] + [f"-{n}" for n in removed]
-                    log.warning(
-                        "fleetscope: %s: fleet changed: %s", path, redact(", ".join(changes))
-                    )
+                if text != applied:
+                    applied = text
+                    added, removed = collector.set_endpoints([*fixed, *endpoints])
+                    if added or removed:
+                        changes = [f"+{e.name}={e.url}" for e in added]
+                        changes += [f"-{n}" for n in removed]
+                        log.warning(
+                            "fleetscope: %s: fleet changed: %s", path, redact(", ".join(changes))
+                        )
         except (OSError, ValueError) as e:
             seen = None  # read it again next time
             if str(e) != last_error:  # once per distinct problem, not every interval
@@ -179,7 +226,7 @@ async def _follow_endpoints_file(collector, path: str, fixed, interval: float) -
                 log.warning(
                     "fleetscope: endpoints file %s: %s; fleet unchanged", path, redact(str(e))
                 )
-        await asyncio.sleep(interval)
+        await (pause or asyncio.sleep)(interval)
 
 
 def _headers_from_args(args: argparse.Namespace) -> dict[str, str]:
@@ -229,11 +276,17 @@ def cmd_watch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     fixed = _endpoints_from_args(args)
     endpoints = list(fixed)
+    initial_text = None
     if args.endpoints_file:
         try:
-            endpoints += read_endpoints_file(args.endpoints_file)
+            initial_text = asyncio.run(read_stable_text(args.endpoints_file))
+            endpoints += parse_endpoints_text(initial_text)
         except (OSError, ValueError) as e:
-            raise SystemExit(f"fleetscope: endpoints file {args.endpoints_file}: {e}") from None
+            from fleetscope._redact import redact
+
+            raise SystemExit(
+                f"fleetscope: endpoints file {args.endpoints_file}: {redact(str(e))}"
+            ) from None
     if args.once:
         return asyncio.run(_watch_once(args, endpoints))
     terminal = not args.no_tui
@@ -256,7 +309,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
             follow = None
             if args.endpoints_file:
                 follow = asyncio.create_task(
-                    _follow_endpoints_file(collector, args.endpoints_file, fixed, args.interval)
+                    _follow_endpoints_file(
+                        collector,
+                        args.endpoints_file,
+                        fixed,
+                        args.interval,
+                        applied=initial_text,
+                    )
                 )
             # SIGINT, SIGTERM and SIGHUP: last poll, run summary to every sink, sinks closed,
             # exit 0 (fleetscope.signals; a second signal during the stop is ignored)
