@@ -236,7 +236,8 @@ def test_wandb_trainer_owned_run(wandb_env: Path, caplog: pytest.LogCaptureFixtu
 
     trainer = wandb.init(project="trainer", dir=wandb_env, reinit="create_new")
     wandb_file = Path(trainer.settings.sync_file)
-    sink = WandbSink(run=trainer)
+    sink = WandbSink(run=trainer, history="trainer")  # the single-run mode (companion: see
+    # tests/test_wandb_trainer_run.py)
     assert sink.run is trainer and not sink.owns_run and not sink.commit
     poll = 0
     for global_step in range(3):
@@ -279,7 +280,7 @@ def test_wandb_trainer_owned_run(wandb_env: Path, caplog: pytest.LogCaptureFixtu
     # Tracker trouble: the trainer has finished the run; the sink warns, drops, never raises.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=WANDB_LOGGER):
-        late = WandbSink(run=trainer)  # define_metric fails -> warning
+        late = WandbSink(run=trainer, history="trainer")  # define_metric fails -> warning
         for i in range(5):
             late.log({"inference/x": 1.0}, step=i, wall_time=0.0)
         late.log_summary({"inference/polls": 1})
@@ -298,7 +299,7 @@ def test_wandb_sink_payload_and_rate_limited_failures(caplog: pytest.LogCaptureF
     import wandb  # noqa: F401  # the test extra installs it: fail loudly
 
     run = FakeRun()
-    sink = WandbSink(run=run)
+    sink = WandbSink(run=run, history="trainer")
     assert run.defined == [
         ("inference/step", {}),
         ("inference/*", {"step_metric": "inference/step"}),
@@ -317,7 +318,7 @@ def test_wandb_sink_payload_and_rate_limited_failures(caplog: pytest.LogCaptureF
 
     now = [1000.0]
     bad = FakeRun(fail=True)
-    sink = WandbSink(run=bad, commit=True)
+    sink = WandbSink(run=bad, commit=True, history="trainer")
     sink._warner._clock = lambda: now[0]
     with caplog.at_level(logging.WARNING, logger=WANDB_LOGGER):
         for i in range(10):
