@@ -9,6 +9,7 @@ what the file holds at each read: no clock in the outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from fleetscope import cli
@@ -40,12 +41,10 @@ def run_follower(path: Path, script, *, applied: str | None = None) -> FakeColle
             action()
 
     async def main() -> None:
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await cli._follow_endpoints_file(
                 collector, str(path), [], 1.0, pause=pause, applied=applied
             )
-        except asyncio.CancelledError:
-            pass
 
     asyncio.run(main())
     return collector

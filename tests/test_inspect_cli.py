@@ -173,6 +173,7 @@ def test_inspect_table_output(capsys):
 
 def _serve(handler_body):
     """A loopback HTTP server whose GET /metrics runs ``handler_body(wfile)``."""
+    import contextlib
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -184,10 +185,8 @@ def _serve(handler_body):
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            try:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 handler_body(self.wfile)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
 
         def log_message(self, *a):
             pass

@@ -21,7 +21,9 @@ import pytest
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts" / "real_vllm"
 
-NASTY = "a\u0085b\u2028c\u2029d\x1ce\x1df\x1eg\x0bh\x0ci"  # every str.splitlines() separator but \r\n
+NASTY = (
+    "a\u0085b\u2028c\u2029d\x1ce\x1df\x1eg\x0bh\x0ci"  # every str.splitlines() separator but \r\n
+)
 
 
 def sse_body() -> bytes:

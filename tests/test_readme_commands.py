@@ -21,7 +21,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -168,7 +167,7 @@ def test_readme_command(command: str, workdir) -> None:
     stack: list = []
     proc: Proc | None = None
     try:
-        cmd, urls = with_sim_servers(command, stack)
+        cmd, _ = with_sim_servers(command, stack)
         argv = [entry_point(), *shlex.split(cmd)[1:]]
         if sub == "simulate":
             proc = Proc(argv, cwd, env)

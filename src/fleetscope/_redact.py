@@ -38,9 +38,7 @@ _AUTH_HEADER = re.compile(
 )
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+([A-Za-z0-9\-._~+/]{8,}=*)")
 # JSON / repr fields: "api_key": "X", 'password': 'X'
-_QUOTED_FIELD = re.compile(
-    rf"(?i)(['\"]{_SECRET_NAME}['\"]\s*:\s*)(['\"])((?:\\.|(?!\2).)*)\2"
-)
+_QUOTED_FIELD = re.compile(rf"(?i)(['\"]{_SECRET_NAME}['\"]\s*:\s*)(['\"])((?:\\.|(?!\2).)*)\2")
 # query params, form fields, env-style and header-style text: token=X, X-Api-Key: X
 _PLAIN_FIELD = re.compile(
     rf"(?i)(\b{_SECRET_NAME}\s*(?:=|:\s)\s*)(?!(?:bearer|basic|token|digest)\s)"
@@ -63,9 +61,7 @@ def redact(text: object, secrets: Iterable[str | None] = ()) -> str:
         if secret and len(secret) >= 4:
             s = s.replace(secret, MASK)
     s = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", s)
-    s = _AUTH_HEADER.sub(
-        lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + MASK, s
-    )
+    s = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + MASK, s)
     s = _BEARER.sub(lambda m: m.group(1) + " " + MASK, s)
     s = _QUOTED_FIELD.sub(lambda m: m.group(1) + m.group(2) + MASK + m.group(2), s)
     s = _PLAIN_FIELD.sub(lambda m: m.group(1) + MASK, s)

@@ -82,7 +82,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         except Exception as e:
             from fleetscope._redact import redact
 
-            print(f"fleetscope inspect: cannot read {redact(src)}: {redact(str(e))}", file=sys.stderr)
+            print(
+                f"fleetscope inspect: cannot read {redact(src)}: {redact(str(e))}", file=sys.stderr
+            )
             return 2
         results.append(ScrapeResult(name, expo, mono, wall, role=role))
     state.observe([results[0]])
@@ -181,8 +183,14 @@ async def read_stable_text(path: str, settle: float = ENDPOINTS_FILE_SETTLE_S, p
 
 
 async def _follow_endpoints_file(
-    collector, path: str, fixed, interval: float, *, settle: float = ENDPOINTS_FILE_SETTLE_S,
-    pause=None, applied: str | None = None,
+    collector,
+    path: str,
+    fixed,
+    interval: float,
+    *,
+    settle: float = ENDPOINTS_FILE_SETTLE_S,
+    pause=None,
+    applied: str | None = None,
 ) -> None:
     """Re-read ``path`` when it changes and make the watched fleet ``fixed`` + its endpoints.
 

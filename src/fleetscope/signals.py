@@ -41,7 +41,8 @@ from typing import Any
 log = logging.getLogger("fleetscope")
 
 DEFAULT_SIGNALS: tuple[int, ...] = tuple(
-    s for s in (signal.SIGINT, getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
+    s
+    for s in (signal.SIGINT, getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
     if s is not None
 )
 
@@ -101,7 +102,9 @@ class SignalStop:
 
     def _install_thread(self) -> None:
         if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("stop_on_signals: signal handlers can only be set in the main thread")
+            raise RuntimeError(
+                "stop_on_signals: signal handlers can only be set in the main thread"
+            )
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._on_thread_signal)
         threading.Thread(target=self._watch, name="fleetscope-signals", daemon=True).start()

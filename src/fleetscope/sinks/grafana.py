@@ -102,8 +102,10 @@ def validate_grafana_url(url: str) -> str:
         raise ValueError(redact(f"Grafana URL {url!r} has no host"))
     if parts.query or parts.fragment:
         raise ValueError(
-            redact(f"Grafana URL {urlunsplit(parts._replace(query='', fragment=''))!r} must not "
-                   "have a query string or fragment (they are not shown: they may hold secrets)")
+            redact(
+                f"Grafana URL {urlunsplit(parts._replace(query='', fragment=''))!r} must not "
+                "have a query string or fragment (they are not shown: they may hold secrets)"
+            )
         )
     del port
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"

@@ -217,7 +217,9 @@ class WandbSink:
         pointer: dict[str, Any] = {"fleetscope/history_run_id": getattr(companion, "id", None)}
         path = getattr(companion, "path", None) if mode == "online" else None
         if path:
-            pointer["fleetscope/history_run_path"] = "/".join(path) if not isinstance(path, str) else path
+            pointer["fleetscope/history_run_path"] = (
+                "/".join(path) if not isinstance(path, str) else path
+            )
         try:
             trainer.summary.update(pointer)
         except Exception as e:
@@ -294,7 +296,9 @@ class WandbSink:
         if self._closed:
             return
         self._closed = True
-        run = self.run if self.owns_run else self.history_run if self.history == "companion" else None
+        run = (
+            self.run if self.owns_run else self.history_run if self.history == "companion" else None
+        )
         if run is None:
             return
         try:
