@@ -687,7 +687,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="more endpoints, one per line (URL, prefill=URL, decode=URL); re-read when it "
-        "changes, so servers can be added and removed while watching",
+        "changes, so servers can be added and removed while watching. A change is applied only "
+        "once the file parses and reads the same twice 0.2 s apart (an empty file too: no "
+        "servers); servers whose URL stays keep their names. Write it atomically (a temporary "
+        "file, then rename) to be safe from any reader",
     )
     w.add_argument("--interval", type=float, default=5.0, help="seconds between polls (5)")
     w.add_argument("--timeout", type=float, default=5.0, help="per-scrape timeout (5)")
