@@ -54,8 +54,17 @@ def sim_url():
         yield server.url("server0")
 
 
+def base_env() -> dict[str, str]:
+    """This checkout's src first, as an absolute path, whatever the working folder."""
+    env = dict(os.environ)
+    src = Path(__file__).resolve().parent.parent / "src"
+    extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(src), *extra])
+    return env
+
+
 def wandb_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env = {k: v for k, v in base_env().items() if not k.startswith("WANDB_")}
     env.update(
         WANDB_MODE="offline",
         WANDB_DIR=str(tmp_path / "wb"),
@@ -74,7 +83,7 @@ def wandb_env(tmp_path: Path) -> dict[str, str]:
 def test_watch_stops_cleanly_on_signal(tmp_path: Path, sim_url: str, sig: int) -> None:
     out = tmp_path / "polls.jsonl"
     use_wandb = sig == signal.SIGTERM  # the offline W&B run is checked once (it is slow)
-    env = wandb_env(tmp_path) if use_wandb else dict(os.environ)
+    env = wandb_env(tmp_path) if use_wandb else base_env()
     cmd = [*fleetscope_cmd(), "watch", sim_url, "--no-tui", "--interval", "0.3"]
     cmd += ["--jsonl", str(out)]
     if use_wandb:

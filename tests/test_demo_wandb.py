@@ -58,6 +58,15 @@ def test_demo_offline_wandb_matches_jsonl(tmp_path: Path) -> None:
         WANDB_DIR=str(tmp_path / "wandb-dir"),
         PYTHONUNBUFFERED="1",
     )
+    # the demo runs in tmp_path: this checkout's src as an absolute path (a relative
+    # PYTHONPATH=src would silently run whatever fleetscope is installed)
+    src = Path(__file__).resolve().parent.parent / "src"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [
+            str(src),
+            *(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p),
+        ]
+    )
     script = Path(sys.executable).with_name("fleetscope")  # the installed entry point
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "fleetscope.cli"]
     args = ["demo", "--duration", "12", "--interval", "1", "--out", str(out), "--no-tui"]

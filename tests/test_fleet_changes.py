@@ -182,12 +182,20 @@ def test_watch_follows_an_endpoints_file(tmp_path):
     """``fleetscope watch --endpoints-file``: the file is re-read when it changes; servers
     added and removed there are watched and dropped; a broken file keeps the fleet as it was,
     with a warning naming the file."""
+    import os
     import signal
     import subprocess
     import sys
     import time
+    from pathlib import Path
 
     from fleetscope.sinks.jsonl import read_jsonl
+
+    # this checkout's src first, as an absolute path (PYTHONPATH=src is relative)
+    env = dict(os.environ)
+    src = Path(__file__).resolve().parent.parent / "src"
+    extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(src), *extra])
 
     fleet = SimFleet(seed=3)
     fleet.add_endpoint(dp=1)
@@ -231,6 +239,7 @@ def test_watch_follows_an_endpoints_file(tmp_path):
             ],
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         try:
             n = wait_for({"server0.0"}, 0)

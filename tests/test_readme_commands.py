@@ -134,9 +134,8 @@ def workdir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         PYTHONUNBUFFERED="1",
         COLUMNS="200",
     )
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
+    extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *extra])
     return tmp_path, env
 
 
