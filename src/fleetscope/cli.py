@@ -338,7 +338,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
             finally:
                 if follow is not None:
                     follow.cancel()
-                await collector.stop()  # no-op after a signal's stop
+                if stopper.received is None:
+                    stopper.ignore_further()  # --duration: one stop, not two at once
+                    await collector.stop()
+                else:
+                    await asyncio.shield(asyncio.ensure_future(stopper.wait()))
                 stopper.restore()
 
     with contextlib.suppress(KeyboardInterrupt):

@@ -61,6 +61,7 @@ class SignalStop:
         self._async_done: asyncio.Event | None = None
         self._requested = threading.Event()
         self._restored = False
+        self._ignoring = False
 
     # ------------------------------------------------------------------ asyncio
 
@@ -71,7 +72,15 @@ class SignalStop:
             self._previous[sig] = signal.getsignal(sig)
             loop.add_signal_handler(sig, self._on_async_signal, sig)
 
+    def ignore_further(self) -> None:
+        """A stop is under way elsewhere (e.g. a ``--duration`` ran out): signals from now on
+        only log that they are ignored, rather than start a second, concurrent stop."""
+        self._ignoring = True
+
     def _on_async_signal(self, sig: int) -> None:  # runs as a loop callback, not in the handler
+        if self._ignoring:
+            log.warning("fleetscope: %s: already stopping", _name(sig))
+            return
         if self.received is not None:
             return
         self.received = sig
