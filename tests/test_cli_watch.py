@@ -183,3 +183,40 @@ def test_stop_on_signals_asyncio_mode_stops_a_real_collector(tmp_path: Path, sim
     assert asyncio.run(main()) == signal.SIGUSR2
     _, summary = read_jsonl(out)
     assert summary["run_status"] == "success"
+
+
+BACKGROUND_SCRIPT = """
+import sys, time
+from fleetscope.collector import Collector
+from fleetscope.signals import stop_on_signals
+from fleetscope.sinks.jsonl import JsonlSink
+
+c = Collector([sys.argv[1]], interval=0.3, sinks=[JsonlSink(sys.argv[2])])
+c.start_background()
+stop_on_signals(c)  # chain=True: after the clean stop, SIGTERM does what it did before
+while True:  # a synchronous trainer's loop
+    time.sleep(0.01)
+"""
+
+
+def test_background_collector_sigterm_stops_cleanly_then_terminates(
+    tmp_path: Path, sim_url: str
+) -> None:
+    """A synchronous trainer with a background collector: SIGTERM stops the collector (last
+    poll, summary) and then, chained to the default disposition, still ends the process."""
+    out = tmp_path / "bg.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BACKGROUND_SCRIPT, sim_url, str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=base_env(),
+    )
+    try:
+        wait_until(lambda: polls_in(out) >= 2, proc, "two polls")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, err  # the default action, after the stop
+    _, summary = read_jsonl(out)
+    assert summary["run_status"] == "success", err
