@@ -108,7 +108,11 @@ def _endpoints_from_args(args: argparse.Namespace):
         except ValueError:
             role = None
         if role is None:
-            raise SystemExit(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
+            from fleetscope._redact import redact
+
+            raise SystemExit(
+                redact(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
+            )
         eps.append(Endpoint(url=url, role=role))
     if not eps and not getattr(args, "endpoints_file", None):
         raise SystemExit("fleetscope: give at least one endpoint URL (or --endpoints-file)")
