@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from fleetscope.sinks.grafana import GrafanaAnnotator, validate_grafana_url
 from fleetscope.cli import main as cli_main
 from fleetscope.sinks.base import Sink
+from fleetscope.sinks.grafana import GrafanaAnnotator, validate_grafana_url
 
 TOKEN = "glsa_test-token-0123456789"
 

@@ -182,12 +182,20 @@ def test_watch_follows_an_endpoints_file(tmp_path):
     """``fleetscope watch --endpoints-file``: the file is re-read when it changes; servers
     added and removed there are watched and dropped; a broken file keeps the fleet as it was,
     with a warning naming the file."""
+    import os
     import signal
     import subprocess
     import sys
     import time
+    from pathlib import Path
 
     from fleetscope.sinks.jsonl import read_jsonl
+
+    # this checkout's src first, as an absolute path (PYTHONPATH=src is relative)
+    env = dict(os.environ)
+    src = Path(__file__).resolve().parent.parent / "src"
+    extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(src), *extra])
 
     fleet = SimFleet(seed=3)
     fleet.add_endpoint(dp=1)
@@ -203,7 +211,7 @@ def test_watch_follows_an_endpoints_file(tmp_path):
     def wait_for(engines: set[str], after: int) -> int:
         """Until two polls after the first ``after`` show exactly ``engines``; returns the
         poll count then. Waits on what fleetscope wrote, not on the clock."""
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a bound for a loaded machine, not a pace
         while time.monotonic() < deadline:
             seen = polls_now()
             if sum(1 for s in seen[after:] if s == engines) >= 2:
@@ -231,6 +239,7 @@ def test_watch_follows_an_endpoints_file(tmp_path):
             ],
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         try:
             n = wait_for({"server0.0"}, 0)
@@ -241,7 +250,12 @@ def test_watch_follows_an_endpoints_file(tmp_path):
             listing.write_text(f"decode={b}\n")  # server0 leaves
             wait_for({"decode0.0", "decode0.1"}, n)
             proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=60)
+            # the stop is done when the run summary is written: wait on that, then the exit
+            deadline = time.monotonic() + 180
+            while not read_jsonl(out)[1] and time.monotonic() < deadline:
+                assert proc.poll() is None or read_jsonl(out)[1], proc.communicate()[1]
+                time.sleep(0.1)
+            _, err = proc.communicate(timeout=180)
         finally:
             proc.kill()
     assert proc.returncode == 0, err

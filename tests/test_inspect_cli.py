@@ -166,3 +166,91 @@ def test_inspect_table_output(capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "generation_tokens_total:rate" in out and "prefix_cache" not in out
+
+
+# --------------------------------------------------------------------------- bounded downloads
+
+
+def _serve(handler_body):
+    """A loopback HTTP server whose GET /metrics runs ``handler_body(wfile)``."""
+    import contextlib
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                handler_body(self.wfile)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def test_inspect_endless_body_stops_at_the_cap(capsys):
+    """An endless body: inspect stops at the collector's cap (MAX_BODY_BYTES) and exits 2."""
+    import time
+
+    from fleetscope.exposition import MAX_BODY_BYTES
+
+    line = b"# HELP x y\n" * 6000
+
+    def endless(w):
+        while True:
+            w.write(_chunk(line))
+
+    server = _serve(endless)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        t0 = time.monotonic()
+        rc = cli.main(["inspect", url, url, "--interval", "0", "--timeout", "60"])
+        took = time.monotonic() - t0
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"exceeds the {MAX_BODY_BYTES} byte cap" in err
+    assert took < 60  # stopped by the cap, not the deadline
+
+
+def test_inspect_trickling_body_stops_at_the_deadline(capsys):
+    """A body that never ends but never stalls long enough for a read timeout: the total
+    deadline (--timeout) stops it."""
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def trickle(w):
+        while not stop.is_set():
+            w.write(_chunk(b"# x\n"))
+            w.flush()
+            time.sleep(0.05)
+
+    server = _serve(trickle)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        t0 = time.monotonic()
+        rc = cli.main(["inspect", url, url, "--interval", "0", "--timeout", "1"])
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "not complete after 1 s" in err
+    assert took < 10

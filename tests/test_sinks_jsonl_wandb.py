@@ -236,7 +236,8 @@ def test_wandb_trainer_owned_run(wandb_env: Path, caplog: pytest.LogCaptureFixtu
 
     trainer = wandb.init(project="trainer", dir=wandb_env, reinit="create_new")
     wandb_file = Path(trainer.settings.sync_file)
-    sink = WandbSink(run=trainer)
+    sink = WandbSink(run=trainer, history="trainer")  # the single-run mode (companion: see
+    # tests/test_wandb_trainer_run.py)
     assert sink.run is trainer and not sink.owns_run and not sink.commit
     poll = 0
     for global_step in range(3):
@@ -279,7 +280,7 @@ def test_wandb_trainer_owned_run(wandb_env: Path, caplog: pytest.LogCaptureFixtu
     # Tracker trouble: the trainer has finished the run; the sink warns, drops, never raises.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=WANDB_LOGGER):
-        late = WandbSink(run=trainer)  # define_metric fails -> warning
+        late = WandbSink(run=trainer, history="trainer")  # define_metric fails -> warning
         for i in range(5):
             late.log({"inference/x": 1.0}, step=i, wall_time=0.0)
         late.log_summary({"inference/polls": 1})
@@ -298,7 +299,7 @@ def test_wandb_sink_payload_and_rate_limited_failures(caplog: pytest.LogCaptureF
     import wandb  # noqa: F401  # the test extra installs it: fail loudly
 
     run = FakeRun()
-    sink = WandbSink(run=run)
+    sink = WandbSink(run=run, history="trainer")
     assert run.defined == [
         ("inference/step", {}),
         ("inference/*", {"step_metric": "inference/step"}),
@@ -317,7 +318,7 @@ def test_wandb_sink_payload_and_rate_limited_failures(caplog: pytest.LogCaptureF
 
     now = [1000.0]
     bad = FakeRun(fail=True)
-    sink = WandbSink(run=bad, commit=True)
+    sink = WandbSink(run=bad, commit=True, history="trainer")
     sink._warner._clock = lambda: now[0]
     with caplog.at_level(logging.WARNING, logger=WANDB_LOGGER):
         for i in range(10):
@@ -415,7 +416,75 @@ def test_jsonl_round_trip(tmp_path: Path) -> None:
 
     path.write_text('{"step": 0\n{"summary": {}}\n')
     with pytest.raises(ValueError, match=":1: not JSON"):
-        read_jsonl(path)
+        read_jsonl(path, strict=True)
+
+
+def test_read_jsonl_skips_and_reports_a_torn_line_mid_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torn line mid-file (a disk that was full for a moment, with an older writer) is
+    skipped and reported; the lines around it are read."""
+    path = tmp_path / "f.jsonl"
+    good = '{"step":0,"wall_time":1.0,"metrics":{"a":1}}'
+    path.write_text(
+        good + "\n" + '{"step":1,"wall_time":2.0,"metr' + "\n"
+        '{"step":2,"wall_time":3.0,"metrics":{"a":3}}\n[1]\n{"summary":{"s":1}}\n'
+    )
+    errors: list[tuple[int, str]] = []
+    with caplog.at_level(logging.WARNING, logger="fleetscope.sinks.jsonl"):
+        polls, summary = read_jsonl(path, errors=errors)
+    assert [p["step"] for p in polls] == [0, 2] and summary == {"s": 1}
+    assert [e[0] for e in errors] == [2, 4]
+    assert "skipped 2 torn or malformed line(s)" in caplog.text
+
+
+def test_jsonl_disk_full_mid_line_leaves_no_torn_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write that stops half way (ENOSPC after a short write) is cut back: the file holds
+    whole lines only, and the next poll after the disk has room again is written whole."""
+    import errno
+    import os
+
+    path = tmp_path / "f.jsonl"
+    sink = JsonlSink(path)
+    sink.log({"a": 1}, step=0, wall_time=1.0)
+    real_write = os.write
+    calls = {"n": 0}
+
+    def full_disk(fd: int, data: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data)[: len(data) // 2])  # a short write ...
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")  # ... then the disk is full
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with caplog.at_level(logging.WARNING, logger="fleetscope.sinks.jsonl"):
+        sink.log({"a": 2, "b": "x" * 1000}, step=1, wall_time=2.0)  # lost, warned
+        sink.log({"a": 3}, step=2, wall_time=3.0)  # the disk has room again
+        sink.log_summary({"s": 1})
+    monkeypatch.undo()
+    sink.close()
+    assert "No space left" in caplog.text
+    text = path.read_text()
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        json.loads(line)  # every line whole
+    errors: list[tuple[int, str]] = []
+    polls, summary = read_jsonl(path, errors=errors)
+    assert errors == [] and [p["step"] for p in polls] == [0, 2] and summary == {"s": 1}
+
+
+def test_jsonl_append_cuts_a_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "f.jsonl"
+    path.write_text('{"step":0,"wall_time":1.0,"metrics":{"a":1}}\n{"step":1,"wal')
+    with JsonlSink(path, append=True) as sink:
+        sink.log({"a": 2}, step=1, wall_time=2.0)
+    errors: list[tuple[int, str]] = []
+    polls, _ = read_jsonl(path, errors=errors)
+    assert errors == [] and [p["metrics"]["a"] for p in polls] == [1, 2]
 
 
 def test_jsonl_log_after_close_warns_not_raises(

@@ -23,6 +23,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,22 @@ def plan(n: int, seed: int, shared: list[str]) -> list[dict]:
     return out
 
 
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of a server-sent-event stream, split on ``\n`` only (a ``\r`` before it is
+    dropped). httpx's ``aiter_lines()`` uses ``str.splitlines()``, which also splits on U+0085,
+    U+2028, U+2029 and other characters that vLLM leaves raw inside its JSON strings, cutting a
+    ``data:`` line in two. Bytes are split before decoding, so a chunk boundary inside a
+    multi-byte character is harmless too."""
+    buf = b""
+    async for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.removesuffix(b"\r").decode("utf-8")
+    if buf:
+        yield buf.removesuffix(b"\r").decode("utf-8")
+
+
 async def one(client: httpx.AsyncClient, url: str, req: dict, tally: Tally) -> None:
     kind = req["kind"]
     stream = kind.endswith("_stream")
@@ -108,7 +125,7 @@ async def one(client: httpx.AsyncClient, url: str, req: dict, tally: Tally) -> N
             async with client.stream("POST", url + path, json=body) as r:
                 if r.status_code != 200:
                     raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-                async for line in r.aiter_lines():
+                async for line in sse_lines(r.aiter_bytes()):
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     chunk = json.loads(line[6:])

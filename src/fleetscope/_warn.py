@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from fleetscope._redact import redact
+
 DEFAULT_INTERVAL_S = 60.0
 
 
@@ -15,7 +17,8 @@ class RateLimitedWarner:
 
     Warnings of a kind that arrive inside the interval are counted, and the next warning of
     that kind that is emitted says how many were suppressed. One instance per sink, so two
-    sinks never silence each other.
+    sinks never silence each other. Every message (and prefix) goes through
+    :func:`fleetscope._redact.redact`: no password, token or API key reaches the log.
     """
 
     def __init__(
@@ -49,7 +52,7 @@ class RateLimitedWarner:
                 f"{message} ({suppressed} similar warning(s) suppressed in the last "
                 f"{self._interval:g} s)"
             )
-        self._logger.warning("%s%s", self._prefix, message)
+        self._logger.warning("%s%s", redact(self._prefix), redact(message))
         return True
 
     def suppressed(self, kind: str) -> int:

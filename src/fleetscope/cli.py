@@ -13,16 +13,50 @@ from pathlib import Path
 from fleetscope import __version__
 
 
-def _read_source(source: str, timeout: float) -> tuple[bytes, float, float]:
-    """A body from a file or a URL, with the (monotonic, wall) time it arrived."""
+class SourceError(Exception):
+    """A body that could not be read within the bounds (size, time)."""
+
+
+def _read_source(
+    source: str, timeout: float, *, max_bytes: int | None = None
+) -> tuple[bytes, float, float]:
+    """A body from a file or a URL, with the (monotonic, wall) time it arrived.
+
+    Bounded like the collector's scrapes: at most ``max_bytes`` (default
+    ``fleetscope.exposition.MAX_BODY_BYTES``), and a URL's whole download (connect, headers,
+    body) within ``timeout`` seconds, not just per read."""
+    from fleetscope.exposition import MAX_BODY_BYTES
+
+    cap = MAX_BODY_BYTES if max_bytes is None else max_bytes
     if source.startswith(("http://", "https://")):
         import httpx
 
+        from fleetscope._redact import redact
+
         url = source if source.rstrip("/").endswith("/metrics") else source.rstrip("/") + "/metrics"
-        r = httpx.get(url, timeout=timeout)
-        r.raise_for_status()
-        return r.content, time.monotonic(), time.time()
-    data = Path(source).read_bytes()
+        deadline = time.monotonic() + timeout
+        chunks: list[bytes] = []
+        size = 0
+        with httpx.Client(timeout=timeout) as client, client.stream("GET", url) as r:
+            r.raise_for_status()
+            declared = r.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > cap:
+                raise SourceError(f"body of {int(declared)} bytes exceeds the {cap} byte cap")
+            for chunk in r.iter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise SourceError(f"body exceeds the {cap} byte cap")
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise SourceError(
+                        f"{redact(url)}: body not complete after {timeout:g} s (--timeout)"
+                    )
+        return b"".join(chunks), time.monotonic(), time.time()
+    path = Path(source)
+    with path.open("rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise SourceError(f"file larger than the {cap} byte cap")
     return data, time.monotonic(), time.time()
 
 
@@ -46,7 +80,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 mono = i * args.interval
             expo = parser.parse(body, time=mono, wall_time=wall)
         except Exception as e:
-            print(f"fleetscope inspect: cannot read {src}: {e}", file=sys.stderr)
+            from fleetscope._redact import redact
+
+            print(
+                f"fleetscope inspect: cannot read {redact(src)}: {redact(str(e))}", file=sys.stderr
+            )
             return 2
         results.append(ScrapeResult(name, expo, mono, wall, role=role))
     state.observe([results[0]])
@@ -70,7 +108,11 @@ def _endpoints_from_args(args: argparse.Namespace):
         except ValueError:
             role = None
         if role is None:
-            raise SystemExit(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
+            from fleetscope._redact import redact
+
+            raise SystemExit(
+                redact(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
+            )
         eps.append(Endpoint(url=url, role=role))
     if not eps and not getattr(args, "endpoints_file", None):
         raise SystemExit("fleetscope: give at least one endpoint URL (or --endpoints-file)")
@@ -87,59 +129,116 @@ def _role_and_url(spec: str) -> tuple[str | None, str]:
     return role, url.strip()
 
 
+ENDPOINTS_FILE_SETTLE_S = 0.2
+
+
 def read_endpoints_file(path: str):
     """An endpoints file: one endpoint per line, ``URL`` or ``prefill=URL`` / ``decode=URL``;
     blank lines and ``#`` comments are ignored."""
+    with open(path, encoding="utf-8") as f:
+        return parse_endpoints_text(f.read())
+
+
+def parse_endpoints_text(text: str):
+    """The endpoints listed in an endpoints file's text (see :func:`read_endpoints_file`);
+    ``ValueError`` naming the line for anything that is not a URL."""
     import httpx
 
     from fleetscope.sources.http import Endpoint
 
     eps = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            try:
-                role, url = _role_and_url(line)
-            except ValueError as e:
-                raise ValueError(f"line {lineno}: {e}") from None
-            try:
-                parsed = httpx.URL(url)
-            except httpx.InvalidURL as e:
-                raise ValueError(f"line {lineno}: {url!r} is not a URL ({e})") from None
-            if parsed.scheme not in ("http", "https") or not parsed.host:
-                raise ValueError(f"line {lineno}: {url!r} is not an http(s) URL")
-            eps.append(Endpoint(url=url, role=role))
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            role, url = _role_and_url(line)
+        except ValueError as e:
+            raise ValueError(f"line {lineno}: {e}") from None
+        try:
+            parsed = httpx.URL(url)
+            port = parsed.port
+        except (httpx.InvalidURL, ValueError) as e:
+            raise ValueError(f"line {lineno}: {url!r} is not a URL ({e})") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"line {lineno}: {url!r} is not an http(s) URL")
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"line {lineno}: {url!r} has no valid port")
+        eps.append(Endpoint(url=url, role=role))
     return eps
 
 
-async def _follow_endpoints_file(collector, path: str, fixed, interval: float) -> None:
+async def read_stable_text(path: str, settle: float = ENDPOINTS_FILE_SETTLE_S, pause=None) -> str:
+    """The file's text once two reads ``settle`` seconds apart agree (an editor or a script
+    rewriting it leaves it empty or cut short for a moment); ``OSError`` if unreadable,
+    ``ValueError`` if it keeps changing (five tries)."""
+    import asyncio
+
+    pause = pause or asyncio.sleep
+    for _ in range(5):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.read()
+        await pause(settle)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            second = f.read()
+        if first == second:
+            return second
+    raise ValueError("still being written (it changed between reads); will read it again")
+
+
+async def _follow_endpoints_file(
+    collector,
+    path: str,
+    fixed,
+    interval: float,
+    *,
+    settle: float = ENDPOINTS_FILE_SETTLE_S,
+    pause=None,
+    applied: str | None = None,
+) -> None:
     """Re-read ``path`` when it changes and make the watched fleet ``fixed`` + its endpoints.
-    A file that cannot be read or parsed keeps the fleet as it is, with a warning."""
+
+    A change is applied only when the file parses AND reads the same twice ``settle`` seconds
+    apart (``read_stable_text``): a file that is empty or cut mid-line for a moment, while it
+    is rewritten, is not applied. An empty file (no servers) is applied like any other once it
+    stays empty across the two reads. Endpoints whose URL stays keep their names
+    (``Collector.set_endpoints`` matches by URL). A file that cannot be read or parsed keeps the
+    fleet as it is, with one warning per distinct problem. ``applied``: the text the fleet was
+    built from already (at start), so it is not applied again."""
     import asyncio
     import logging
     import os
 
+    from fleetscope._redact import redact
+
     log = logging.getLogger("fleetscope")
-    seen: tuple[int, int] | None = None
+    seen: tuple[int, int, int] | None = None
     last_error: str | None = None
     while True:
         try:
             st = os.stat(path)
-            stamp = (st.st_mtime_ns, st.st_size)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp != seen:
-                added, removed = collector.set_endpoints([*fixed, *read_endpoints_file(path)])
+                text = await read_stable_text(path, settle, pause)
+                endpoints = parse_endpoints_text(text)
                 seen, last_error = stamp, None
-                if added or removed:
-                    changes = [f"+{e.name}={e.url}" for e in added] + [f"-{n}" for n in removed]
-                    log.warning("fleetscope: %s: fleet changed: %s", path, ", ".join(changes))
+                if text != applied:
+                    applied = text
+                    added, removed = collector.set_endpoints([*fixed, *endpoints])
+                    if added or removed:
+                        changes = [f"+{e.name}={e.url}" for e in added]
+                        changes += [f"-{n}" for n in removed]
+                        log.warning(
+                            "fleetscope: %s: fleet changed: %s", path, redact(", ".join(changes))
+                        )
         except (OSError, ValueError) as e:
             seen = None  # read it again next time
             if str(e) != last_error:  # once per distinct problem, not every interval
                 last_error = str(e)
-                log.warning("fleetscope: endpoints file %s: %s; fleet unchanged", path, e)
-        await asyncio.sleep(interval)
+                log.warning(
+                    "fleetscope: endpoints file %s: %s; fleet unchanged", path, redact(str(e))
+                )
+        await (pause or asyncio.sleep)(interval)
 
 
 def _headers_from_args(args: argparse.Namespace) -> dict[str, str]:
@@ -184,15 +283,22 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     from fleetscope.collector import Collector
     from fleetscope.health import HealthThresholds
+    from fleetscope.signals import stop_on_signals
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     fixed = _endpoints_from_args(args)
     endpoints = list(fixed)
+    initial_text = None
     if args.endpoints_file:
         try:
-            endpoints += read_endpoints_file(args.endpoints_file)
+            initial_text = asyncio.run(read_stable_text(args.endpoints_file))
+            endpoints += parse_endpoints_text(initial_text)
         except (OSError, ValueError) as e:
-            raise SystemExit(f"fleetscope: endpoints file {args.endpoints_file}: {e}") from None
+            from fleetscope._redact import redact
+
+            raise SystemExit(
+                f"fleetscope: endpoints file {args.endpoints_file}: {redact(str(e))}"
+            ) from None
     if args.once:
         return asyncio.run(_watch_once(args, endpoints))
     terminal = not args.no_tui
@@ -215,16 +321,33 @@ def cmd_watch(args: argparse.Namespace) -> int:
             follow = None
             if args.endpoints_file:
                 follow = asyncio.create_task(
-                    _follow_endpoints_file(collector, args.endpoints_file, fixed, args.interval)
+                    _follow_endpoints_file(
+                        collector,
+                        args.endpoints_file,
+                        fixed,
+                        args.interval,
+                        applied=initial_text,
+                    )
                 )
+            # SIGINT, SIGTERM and SIGHUP: last poll, run summary to every sink, sinks closed,
+            # exit 0 (fleetscope.signals; a second signal during the stop is ignored)
+            stopper = stop_on_signals(collector, chain=False)
             try:
+                waits = [asyncio.ensure_future(stopper.wait())]
                 if args.duration:
-                    await asyncio.sleep(args.duration)
-                else:
-                    await asyncio.Event().wait()
+                    waits.append(asyncio.ensure_future(asyncio.sleep(args.duration)))
+                _done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for t in pending:
+                    t.cancel()
             finally:
                 if follow is not None:
                     follow.cancel()
+                if stopper.received is None:
+                    stopper.ignore_further()  # --duration: one stop, not two at once
+                    await collector.stop()
+                else:
+                    await asyncio.shield(asyncio.ensure_future(stopper.wait()))
+                stopper.restore()
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run())
@@ -550,7 +673,12 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--role", choices=["prefill", "decode"], default=None)
     ins.add_argument("--name", default=None, help="endpoint name (server0)")
     ins.add_argument("--filter", default=None, help="only keys containing this text")
-    ins.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout for URLs")
+    ins.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="for URLs: seconds for each whole download (5); bodies are capped like scrapes",
+    )
     ins.set_defaults(func=cmd_inspect)
 
     w = sub.add_parser(
@@ -567,7 +695,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="more endpoints, one per line (URL, prefill=URL, decode=URL); re-read when it "
-        "changes, so servers can be added and removed while watching",
+        "changes, so servers can be added and removed while watching. A change is applied only "
+        "once the file parses and reads the same twice 0.2 s apart (an empty file too: no "
+        "servers); servers whose URL stays keep their names. Write it atomically (a temporary "
+        "file, then rename) to be safe from any reader",
     )
     w.add_argument("--interval", type=float, default=5.0, help="seconds between polls (5)")
     w.add_argument("--timeout", type=float, default=5.0, help="per-scrape timeout (5)")
@@ -619,6 +750,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"]:
+        # argparse.REMAINDER does not take options that come first (`simulate --endpoints 4`
+        # was "unrecognized arguments"): the simulator parses its own command line
+        from fleetscope.simulate.server import cli_main
+
+        return int(cli_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -77,16 +77,39 @@ async def run_demo(
             train = collector.window("train")
             await train.astart()
             await asyncio.sleep(duration * 0.45)
+            await _poll_until_tokens(collector, fleet)  # each part of the run saw tokens
             await train.astop()
             # the fault: one decode engine stops generating while its requests stay running
             fleet.endpoint("decode0").stall(engine=0)
+            # the gap between the windows holds a poll that saw tokens, whatever the machine's
+            # load: wait for the simulated fleet to advance, then poll explicitly (counted under
+            # `idle`); bounded, so a fleet that makes no tokens cannot hang the demo
+            await _poll_until_tokens(collector, fleet)
             ev = collector.window("eval")
             await ev.astart()
-            await asyncio.sleep(max(0.0, duration - (time.monotonic() - t0) - 1))
+            # at least 4 s, however late a loaded machine got here: the stall (judged over 3 s)
+            # must show in the eval window
+            await asyncio.sleep(max(4.0, duration - (time.monotonic() - t0) - 1))
+            await _poll_until_tokens(collector, fleet)
             await ev.astop()
             polls = collector.state.step
         summary = collector.summary()
     return DemoResult(out_dir, jsonl_path, wandb_dir, summary, polls)
+
+
+async def _poll_until_tokens(collector: Collector, fleet, *, tries: int = 40) -> None:
+    """Poll until a poll shows generated tokens (at most ``tries`` polls,
+    each after the simulated fleet has stepped at least once since the previous one)."""
+    key = "inference/agg/generation_tokens_total/delta"
+    for _ in range(tries):
+        t = fleet.clock.sim_time
+        for _ in range(200):  # the fleet steps every 0.5 s of real time; at most ~10 s here
+            if fleet.clock.sim_time > t:
+                break
+            await asyncio.sleep(0.05)
+        view = await collector.poll()
+        if (view.keys.get(key) or 0) > 0:
+            return
 
 
 def print_report(result: DemoResult) -> None:

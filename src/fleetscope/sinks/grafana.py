@@ -53,10 +53,11 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from fleetscope._redact import redact
 from fleetscope._warn import RateLimitedWarner
 
 __all__ = ["DEFAULT_TAGS", "GrafanaAnnotator", "validate_grafana_url"]
@@ -78,9 +79,16 @@ def validate_grafana_url(url: str) -> str:
     url = url.strip()
     try:
         parts = urlsplit(url)
-        port = parts.port  # raises ValueError for a non-numeric / out-of-range port
     except ValueError as e:
-        raise ValueError(f"Grafana URL {url!r} is not a valid URL: {e}") from None
+        raise ValueError(redact(f"Grafana URL {url!r} is not a valid URL: {e}")) from None
+    try:
+        port = parts.port  # raises ValueError for a non-numeric / out-of-range port
+    except ValueError:
+        # the "port" may well be a password typed where it does not belong: never shown
+        shown = f"{parts.scheme}://{parts.hostname or ''}:<port not shown>"
+        raise ValueError(
+            f"Grafana URL {shown} is not a valid URL: the port must be an integer 1-65535"
+        ) from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         shown = f"{parts.scheme}://" if parts.scheme else "no scheme"
@@ -91,9 +99,14 @@ def validate_grafana_url(url: str) -> str:
             "account token in the environment variable named by token_env instead"
         )
     if not parts.hostname:
-        raise ValueError(f"Grafana URL {url!r} has no host")
+        raise ValueError(redact(f"Grafana URL {url!r} has no host"))
     if parts.query or parts.fragment:
-        raise ValueError(f"Grafana URL {url!r} must not have a query string or fragment")
+        raise ValueError(
+            redact(
+                f"Grafana URL {urlunsplit(parts._replace(query='', fragment=''))!r} must not "
+                "have a query string or fragment (they are not shown: they may hold secrets)"
+            )
+        )
     del port
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"
 
@@ -204,8 +217,14 @@ class GrafanaAnnotator:
             )
         return self._client
 
+    def _token(self) -> str | None:
+        return os.environ.get(self.token_env, "").strip() or None if self.token_env else None
+
     def _fail(self, kind: str, what: str, detail: str) -> None:
         self.failures[kind] = self.failures.get(kind, 0) + 1
+        # the token itself is masked wherever it appears (a body echoing the request headers),
+        # then anything that looks like a secret (fleetscope._redact)
+        detail = redact(detail, secrets=(self._token(),))
         self._warner.warn(f"{kind}:{what}", f"{what} failed ({detail}); training goes on")
 
     def _request(self, method: str, path: str, body: Mapping[str, Any], what: str) -> Any:
@@ -224,7 +243,9 @@ class GrafanaAnnotator:
             self._fail("transport", what, f"{type(e).__name__}: {e}")
             return None
         if not 200 <= r.status_code < 300:
-            snippet = r.text[:200].replace("\n", " ") if r.content else ""
+            # redacted before it is cut: a cut must not leave half a secret unrecognised
+            text = redact(r.text, secrets=(self._token(),)) if r.content else ""
+            snippet = text[:200].replace("\n", " ")
             self._fail("http", what, f"HTTP {r.status_code} {snippet}".rstrip())
             return None
         if not r.content:

@@ -8,16 +8,33 @@ Step axes. The sink declares ``run.define_metric(step_metric)`` and
 ``step=`` to ``run.log``: charts of fleet keys use ``step_metric`` as x axis, and W&B's own
 ``_step`` belongs to whoever owns the run.
 
-Rows. ``run.log`` without ``step=`` commits a new history row and advances ``_step`` (checked
-on wandb 0.31). In a run the sink created that is what we want: one row per poll. In a run the
-trainer owns, it is not: a trainer that logs with ``step=global_step`` has its next rows dropped
-by W&B ("Tried to log to step N that is less than the current step M") once the sink advanced
-``_step`` past it. So with ``run=`` the sink logs with ``commit=False`` by default: each poll is
-merged into the trainer's current row and written when the trainer next logs (or finishes).
-The trainer's rows are never moved or dropped, but when several polls land between two trainer
-log calls, only the last of them is kept. Pass ``commit=True`` to get one row per poll in a
-trainer run whose trainer never passes ``step=``; or let the sink create its own run (same
-``group``/project) to keep every poll.
+Rows. ``run.log`` without ``step=`` commits a new history row and advances ``_step``; with
+``step=N`` below the current ``_step`` W&B drops the row ("Tried to log to step N that is less
+than the current step M"); ``commit=False`` merges into the pending row, where a later value of
+the same key overwrites an earlier one (checked on wandb 0.31). So no way of writing polls
+into rows of a run the trainer owns keeps every poll for every trainer: a row per poll moves
+``_step`` past a trainer that passes ``step=``, and merging keeps one poll per trainer row.
+
+In a run the sink creates (no ``run=``): one row per poll (``commit=True``), every poll kept.
+
+With ``run=trainer_run`` (``history="companion"``, the default): fleetscope writes NO history
+row of its own into the trainer's run. Every poll goes to its own row of a companion run the
+sink creates: same project and entity, ``group`` = the trainer's group (or, if it has none, the
+trainer's run id), ``job_type="fleetscope"``, name ``<trainer name>-fleetscope``, same mode
+(online / offline) and directory, ``config["fleetscope/trainer_run_id"]`` = the trainer's id.
+The trainer's run gets, in its summary only (``run.summary``, which never touches history):
+the run summary and ``fleetscope/history_run_id`` (and ``fleetscope/history_run_path`` online).
+Window keys (``inference/<label>/...``, default schema) of a window that just stopped are also
+merged into the trainer's pending row with ``commit=False`` (never ``step=``, never a commit),
+so they land in a trainer row, never a row of their own: a trainer that passes ``step=`` gets
+them in the row of the step during which the window stopped (it is still pending); one that
+does not (its ``run.log`` commits at once) gets them in its next row. If one label's
+window stops twice between two trainer log calls, that row keeps the later one (the companion
+run has both). ``close()`` finishes the companion run and leaves the trainer's alone.
+
+``history="trainer"`` keeps the old single-run behaviour: polls go into the trainer's run with
+``commit`` (default False: merged into the trainer's row, one poll per trainer row kept;
+``commit=True`` one row per poll, lossless only if the trainer never passes ``step=``).
 """
 
 from __future__ import annotations
@@ -114,6 +131,7 @@ class WandbSink:
         *,
         wall_time_key: str = "inference/wall_time",
         commit: bool | None = None,
+        history: str = "companion",
         alerts: bool = False,
         alert_interval: float = 600.0,
     ) -> None:
@@ -155,13 +173,58 @@ class WandbSink:
                 logger.warning("WandbSink: run= given, ignoring %s", sorted(ignored))
             self.mode = None
             self.owns_run = False
+        if history not in ("companion", "trainer"):
+            raise ValueError(f"history must be 'companion' or 'trainer', not {history!r}")
         self.run = run
-        self.commit = self.owns_run if commit is None else bool(commit)
+        #: where poll rows go: ``run`` itself, or the companion run (see the module docs)
+        self.history_run = run
+        self.history = "own" if self.owns_run else history
+        self._window_labels: set[str] = set()
+        self._window_prefix = key_prefix_glob.rstrip("*").rstrip("/")
+        if self.history == "companion":
+            self.history_run = self._companion(wandb, run, config)
+            self.commit = True
+        else:
+            self.commit = self.owns_run if commit is None else bool(commit)
         try:
-            run.define_metric(step_metric)
-            run.define_metric(key_prefix_glob, step_metric=step_metric)
+            self.history_run.define_metric(step_metric)
+            self.history_run.define_metric(key_prefix_glob, step_metric=step_metric)
         except Exception as e:
             self._warner.warn("define_metric", f"define_metric failed: {type(e).__name__}: {e}")
+
+    def _companion(self, wandb: Any, trainer: Any, config: Mapping[str, Any] | None) -> Any:
+        """The run that holds fleetscope's rows next to a trainer's run (module docs)."""
+        settings = getattr(trainer, "settings", None)
+        trainer_id = getattr(trainer, "id", None)
+        mode = "online"
+        if getattr(trainer, "disabled", False):
+            mode = "disabled"
+        elif getattr(trainer, "offline", False):
+            mode = "offline"
+        root = getattr(settings, "root_dir", None)
+        base = getattr(trainer, "name", None) or trainer_id or "run"
+        companion = wandb.init(
+            project=getattr(trainer, "project", None) or None,
+            entity=getattr(trainer, "entity", None) or None,
+            group=getattr(trainer, "group", None) or trainer_id,
+            job_type="fleetscope",
+            name=f"{base}-fleetscope",
+            mode=mode,
+            dir=os.fspath(root) if root else None,
+            config={"fleetscope/trainer_run_id": trainer_id, **dict(config or {})},
+            reinit="create_new",
+        )
+        pointer: dict[str, Any] = {"fleetscope/history_run_id": getattr(companion, "id", None)}
+        path = getattr(companion, "path", None) if mode == "online" else None
+        if path:
+            pointer["fleetscope/history_run_path"] = (
+                "/".join(path) if not isinstance(path, str) else path
+            )
+        try:
+            trainer.summary.update(pointer)
+        except Exception as e:
+            self._warner.warn("summary", f"summary update failed: {type(e).__name__}: {e}")
+        return companion
 
     def log(self, metrics: Mapping[str, Value], *, step: int, wall_time: float) -> None:
         payload: dict[str, Any] = {k: v for k, v in metrics.items() if not isinstance(v, str)}
@@ -171,20 +234,38 @@ class WandbSink:
             self._warner.warn("closed", f"log after close(), dropped poll {step}")
             return
         try:
-            self.run.log(payload, commit=self.commit)
+            self.history_run.log(payload, commit=self.commit)
         except Exception as e:
             self._warner.warn(
                 "log", f"run.log failed, dropped poll {step}: {type(e).__name__}: {e}"
             )
+        if self.history == "companion" and self._window_labels:
+            prefixes = tuple(f"{self._window_prefix}/{label}/" for label in self._window_labels)
+            windows = {k: v for k, v in payload.items() if k.startswith(prefixes)}
+            if windows:
+                try:  # the trainer's pending row, at the trainer's step: no commit, no step=
+                    self.run.log(windows, commit=False)
+                except Exception as e:
+                    self._warner.warn(
+                        "log-windows", f"window keys to the trainer's run failed: {e!r}"
+                    )
+
+    def on_window_start(self, label: str) -> None:
+        """A window opened: its keys, when it stops, also go to the trainer's run."""
+        self._window_labels.add(str(label))
 
     def log_summary(self, summary: Mapping[str, Value]) -> None:
         if self._closed:
             self._warner.warn("closed", "log_summary after close(), dropped")
             return
-        try:
-            self.run.summary.update(dict(summary))
-        except Exception as e:
-            self._warner.warn("summary", f"summary update failed, dropped: {type(e).__name__}: {e}")
+        runs = [self.run] if self.history_run is self.run else [self.run, self.history_run]
+        for run in runs:
+            try:
+                run.summary.update(dict(summary))
+            except Exception as e:
+                self._warner.warn(
+                    "summary", f"summary update failed, dropped: {type(e).__name__}: {e}"
+                )
 
     def log_events(self, events: Sequence[Any]) -> None:
         """Send health events (``fleetscope.health.HealthEvent``) as W&B alerts, if enabled."""
@@ -200,7 +281,7 @@ class WandbSink:
                 continue
             self._alerted[key] = now
             try:
-                self.run.alert(
+                self.history_run.alert(
                     title=f"fleetscope: {ev.condition} on {ev.subject}",
                     text=ev.message,
                     level=wandb.AlertLevel.WARN,
@@ -210,14 +291,18 @@ class WandbSink:
                 self._warner.warn("alert", f"run.alert failed: {type(e).__name__}: {e}")
 
     def close(self) -> None:
-        """Finish the run if this sink created it; leave a passed-in run alone. Idempotent."""
+        """Finish the run(s) this sink created (its own, or the companion); leave a passed-in run
+        alone. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if not self.owns_run:
+        run = (
+            self.run if self.owns_run else self.history_run if self.history == "companion" else None
+        )
+        if run is None:
             return
         try:
-            self.run.finish()
+            run.finish()
         except Exception as e:
             self._warner.warn("finish", f"run.finish failed: {type(e).__name__}: {e}")
 

@@ -1,0 +1,225 @@
+"""Every ``fleetscope ...`` command in README.md's code blocks, run through the installed
+``fleetscope`` entry point with the README's flags exactly as written.
+
+What is changed, and only that: the README's placeholder servers (``http://gpu0:8000``,
+``http://p0:8000``...: hosts that do not exist here) are replaced by simulated vLLM servers
+(``fleetscope.simulate``) on loopback ports the OS picks, one per distinct placeholder, and
+files the commands name (``before.prom``, ``fleet.txt``) are created in the working folder.
+``fleetscope simulate --endpoints 4 --dp 2 --port-base 18000`` runs as written, on its ports.
+Commands that run until stopped are stopped with SIGTERM once they have shown a poll (an
+event: output, a file's content), and must then exit 0. ``fleetscope demo`` is run end to end
+by tests/test_demo_wandb.py and only recognised here. A README command this file does not
+know fails the test, so a new command in the README needs its check here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import VLLM_DIR
+from fleetscope.simulate import FleetServer, SimFleet
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DEADLINE_S = 180  # a bound for a loaded machine, not a pace
+PLACEHOLDER = re.compile(r"http://([a-z][a-z0-9-]*):8000")
+
+
+def readme_commands() -> list[str]:
+    """``fleetscope ...`` commands of the fenced shell blocks, comments dropped, ``&&`` split."""
+    text = README.read_text(encoding="utf-8")
+    out = []
+    for block in re.findall(r"```(?:bash|sh|shell|console)\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            part: list[str] = []
+            for w in [*words, "&&"]:
+                if w in ("&&", "||", ";"):
+                    if part and part[0] == "fleetscope":
+                        out.append(shlex.join(part))
+                    part = []
+                else:
+                    part.append(w)
+    return out
+
+
+COMMANDS = readme_commands()
+
+
+def test_readme_has_the_commands_we_check() -> None:
+    assert len(COMMANDS) >= 7, COMMANDS
+    assert "fleetscope simulate --endpoints 4 --dp 2 --port-base 18000" in COMMANDS
+
+
+def entry_point() -> str:
+    script = shutil.which("fleetscope")
+    assert script, "the fleetscope console script is not installed"
+    return script
+
+
+class Proc:
+    """A command running in the background, its output collected as it comes."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.p = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._pump, args=(self.p.stdout, self.out), daemon=True),
+            threading.Thread(target=self._pump, args=(self.p.stderr, self.err), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _pump(stream, sink: list[str]) -> None:
+        for line in iter(stream.readline, ""):
+            sink.append(line)
+
+    def text(self) -> str:
+        return "".join(self.out) + "".join(self.err)
+
+    def wait_for(self, predicate, what: str) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if self.p.poll() is not None:
+                for t in self._threads:
+                    t.join(5)
+                if predicate():
+                    return
+                raise AssertionError(f"exited {self.p.returncode} before {what}:\n{self.text()}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.text()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.p.send_signal(sig)
+        rc = self.p.wait(DEADLINE_S)
+        for t in self._threads:
+            t.join(5)
+        return rc
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(30)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(
+        HOME=str(home),
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path),
+        WANDB_SILENT="true",
+        NETRC=str(tmp_path / "no-netrc"),
+        PYTHONUNBUFFERED="1",
+        COLUMNS="200",
+    )
+    extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *extra])
+    return tmp_path, env
+
+
+def with_sim_servers(command: str, stack: list) -> tuple[str, dict[str, str]]:
+    """The command with each placeholder server replaced by a simulated one (same role)."""
+    hosts = list(dict.fromkeys(PLACEHOLDER.findall(command)))
+    if not hosts:
+        return command, {}
+    fleet = SimFleet(seed=11)
+    for host in hosts:
+        role = "prefill" if host.startswith("p") else "decode" if host.startswith("d") else None
+        fleet.add_endpoint(role=role, dp=1)
+    fleet.step(3.0)
+    server = FleetServer(fleet, step_interval=0.25)
+    server.start()
+    stack.append(server)
+    urls = dict(zip(hosts, server.urls, strict=True))
+    return PLACEHOLDER.sub(lambda m: urls[m.group(1)], command), urls
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command(command: str, workdir) -> None:
+    cwd, env = workdir
+    argv = shlex.split(command)
+    sub = argv[1]
+    if sub == "demo":
+        pytest.skip("run end to end by tests/test_demo_wandb.py")
+    stack: list = []
+    proc: Proc | None = None
+    try:
+        cmd, _ = with_sim_servers(command, stack)
+        argv = [entry_point(), *shlex.split(cmd)[1:]]
+        if sub == "simulate":
+            proc = Proc(argv, cwd, env)
+            proc.wait_for(lambda: proc.text().count("/metrics") >= 4, "four servers listed")
+            port = int(re.search(r"--port-base (\d+)", command).group(1))
+            for i in range(4):
+                r = httpx.get(f"http://127.0.0.1:{port + i}/metrics", timeout=30)
+                assert r.status_code == 200 and "vllm:" in r.text
+            assert proc.stop(signal.SIGINT) == 0, proc.text()
+        elif sub == "inspect":
+            for name in re.findall(r"(\S+\.prom)", command):
+                src = "single_load.prom" if "before" in name else "single_after.prom"
+                shutil.copy(VLLM_DIR / src, cwd / name)
+            p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                               timeout=DEADLINE_S)  # fmt: skip
+            assert p.returncode == 0, p.stderr
+            assert "generation_tokens_total" in p.stdout
+        elif sub == "watch" and "--once" in argv:
+            p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                               timeout=DEADLINE_S)  # fmt: skip
+            assert p.returncode == 0, p.stderr
+            keys = json.loads(p.stdout)
+            assert keys["inference/agg/engines_reporting"] == 1
+        elif sub == "watch":
+            files = [a for a in argv if a.endswith(".txt")]
+            if "--endpoints-file" in argv:
+                # the README's file, listing a simulated server
+                _, file_urls = with_sim_servers("http://gpu0:8000", stack)
+                (cwd / files[0]).write_text(f"# the fleet\n{file_urls['gpu0']}\n")
+            proc = Proc(argv, cwd, env)
+            jsonl = next((cwd / a for a in argv if a.endswith(".jsonl")), None)
+            names = ["decode1"] if "--role" in argv else ["server0"]
+            if jsonl is not None:
+
+                def polled() -> bool:
+                    from fleetscope.sinks.jsonl import read_jsonl
+
+                    return jsonl.exists() and len(read_jsonl(jsonl)[0]) >= 2
+
+                proc.wait_for(polled, "two polls in the JSONL")
+            else:  # not a terminal: the view prints one table per poll
+                proc.wait_for(lambda: all(n in "".join(proc.out) for n in names), "a poll")
+            assert proc.stop(signal.SIGTERM) == 0, proc.text()
+            if jsonl is not None:
+                from fleetscope.sinks.jsonl import read_jsonl
+
+                assert read_jsonl(jsonl)[1]["run_status"] == "success"
+            if "--wandb-project" in argv:
+                assert list(cwd.rglob("offline-run-*")), "no offline W&B run"
+        else:
+            raise AssertionError(f"README command not checked by this test: {command}")
+    finally:
+        if proc is not None:
+            proc.kill()
+        for server in stack:
+            server.stop()
