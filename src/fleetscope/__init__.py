@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "TensorBoardSink": "fleetscope.sinks.tensorboard",
     "MlflowSink": "fleetscope.sinks.mlflow",
     "GrafanaAnnotator": "fleetscope.sinks.grafana",
+    "stop_on_signals": "fleetscope.signals",
     "HealthThresholds": "fleetscope.health",
     "HealthEvent": "fleetscope.health",
     "parse": "fleetscope.exposition",
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from fleetscope.health import HealthEvent, HealthThresholds
     from fleetscope.identity import EngineId
     from fleetscope.sharded import ShardedCollector, ShardedSource
+    from fleetscope.signals import stop_on_signals
     from fleetscope.sinks.base import Sink
     from fleetscope.sinks.grafana import GrafanaAnnotator
     from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
