@@ -82,9 +82,12 @@ def healthy_fleet(n: int = 1) -> Iterator[tuple[SimFleet, FleetServer]]:
 async def test_trickling_side_requests_never_slow_a_poll() -> None:
     """/v1/models and /get_metrics_worker_info answering one byte a second: every poll still
     ends within its timeout (it took ~30 s a poll, and froze the healthy servers' polls)."""
-    with hostile({"/v1/models": 1.0, "/get_metrics_worker_info": 1.0}) as bad, healthy_fleet() as (
-        _,
-        server,
+    with (
+        hostile({"/v1/models": 1.0, "/get_metrics_worker_info": 1.0}) as bad,
+        healthy_fleet() as (
+            _,
+            server,
+        ),
     ):
         c = Collector([bad, *server.urls], interval=3600, timeout=1.0)
         try:
@@ -124,7 +127,10 @@ def test_a_blocked_sink_never_stops_polling_nor_a_window(tmp_path) -> None:
     path = tmp_path / "polls.jsonl"
     with healthy_fleet() as (_, server):
         c = Collector(
-            server.urls, interval=0.1, sinks=[blocked, JsonlSink(path)], sink_queue=2,
+            server.urls,
+            interval=0.1,
+            sinks=[blocked, JsonlSink(path)],
+            sink_queue=2,
             close_timeout=2.0,
         )
         c.start_background()
@@ -143,7 +149,9 @@ def test_a_blocked_sink_never_stops_polling_nor_a_window(tmp_path) -> None:
         assert time.monotonic() - t1 < 20  # close_timeout bounds the hung close()
     polls, summary = read_jsonl(path)
     assert len(polls) >= 15  # the healthy sink got every poll
-    dropped = [p["metrics"].get("inference/collector/sink_rows_dropped/BlockingSink") for p in polls]
+    dropped = [
+        p["metrics"].get("inference/collector/sink_rows_dropped/BlockingSink") for p in polls
+    ]
     assert max(d for d in dropped if d is not None) > 0
     assert summary.get("run_status") == "success"
     blocked.release.set()
@@ -196,9 +204,14 @@ async def test_overload_is_counted_and_warned(caplog: pytest.LogCaptureFixture) 
     with FleetServer(fleet) as server:
         fleet.endpoint("server0").set_slow(0.3)
         seen: list[float] = []
-        c = Collector(server.urls, interval=0.05, timeout=2.0, on_poll=lambda v: seen.append(
-            v.keys.get("inference/collector/ticks_skipped_total", 0.0)
-        ))
+        c = Collector(
+            server.urls,
+            interval=0.05,
+            timeout=2.0,
+            on_poll=lambda v: seen.append(
+                v.keys.get("inference/collector/ticks_skipped_total", 0.0)
+            ),
+        )
         async with c:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and (len(seen) < 4 or seen[-1] == 0):

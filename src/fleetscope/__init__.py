@@ -51,7 +51,40 @@ _EXPORTS: dict[str, str] = {
     "ExpositionError": "fleetscope.exposition",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "Collector",
+    "CollectorConfig",
+    "Endpoint",
+    "EngineId",
+    "EngineLoad",
+    "Exposition",
+    "ExpositionError",
+    "FleetView",
+    "GrafanaAnnotator",
+    "HealthEvent",
+    "HealthThresholds",
+    "HttpSource",
+    "JsonlSink",
+    "MlflowSink",
+    "Parser",
+    "PrometheusSource",
+    "RayIdentity",
+    "RaySource",
+    "ScrapeResult",
+    "ShardedCollector",
+    "ShardedSource",
+    "Sink",
+    "Source",
+    "TensorBoardSink",
+    "TerminalSink",
+    "WandbSink",
+    "WindowError",
+    "WindowHandle",
+    "__version__",
+    "parse",
+    "read_jsonl",
+    "stop_on_signals",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -428,7 +428,9 @@ def layout_to_data(layout: EngineLayout) -> dict[str, Any]:
     """An engine layout as plain data (its series, slots and info labels)."""
     return {
         "slot_ids": list(layout.slot_ids),
-        "counters": [[c.name, [list(x) for x in c.labels], c.slot, c.created] for c in layout.counters],
+        "counters": [
+            [c.name, [list(x) for x in c.labels], c.slot, c.created] for c in layout.counters
+        ],
         "gauges": [[g.name, [list(x) for x in g.labels], g.slot] for g in layout.gauges],
         "histograms": [
             [

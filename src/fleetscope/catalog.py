@@ -56,7 +56,7 @@ def canonical_family(name: str) -> tuple[str, bool]:
     return name, False
 
 
-# --------------------------------------------------------------------------- families the code reads
+# ----------------------------------------------------------------- families the code reads
 
 #: vLLM's KV-consumer gauge: present on servers that fetch KV from a prefill server (decode)
 KV_CONSUMER_FAMILY = "vllm:num_requests_kv_fetch_by_stage"
@@ -154,7 +154,9 @@ def ratio_offset(metric: str) -> float:
 
 
 #: engine-imbalance metrics: also get `cv` (population std / mean across engines)
-SPREAD_METRICS: frozenset[str] = frozenset({RUNNING, WAITING, KV_USAGE, PROMPT_RATE, GENERATION_RATE})
+SPREAD_METRICS: frozenset[str] = frozenset(
+    {RUNNING, WAITING, KV_USAGE, PROMPT_RATE, GENERATION_RATE}
+)
 #: metrics a prefill engine keeps at ~0 by design: in a scope mixing roles, their tails and
 #: averages come from the other engines (the sum still covers every engine)
 DECODE_ONLY_METRICS: frozenset[str] = frozenset(

@@ -241,7 +241,9 @@ class Collector:
             w = await self._in_stats(self._window_action, action, label, result.time, times)
             if action == "stop":
                 with self._lock:
-                    keys.update(accumulator_keys(w.acc, label, self.state.key_options, summary=False))
+                    keys.update(
+                        accumulator_keys(w.acc, label, self.state.key_options, summary=False)
+                    )
             return keys
 
         await self._poll(at_boundary)
@@ -395,7 +397,9 @@ class Collector:
             lens = self.source.max_model_len if isinstance(self.source, ModelInfoSource) else {}
             return build_view(
                 result,
-                known_engines=[e for e in self.state.baselines.engines() if isinstance(e, EngineId)],
+                known_engines=[
+                    e for e in self.state.baselines.engines() if isinstance(e, EngineId)
+                ],
                 engine_roles=self.state.engine_role,
                 endpoint_roles=self.state.roles,
                 max_model_len=lens,
@@ -419,8 +423,10 @@ class Collector:
     def _collector_keys(self) -> dict[str, float]:
         """The collector's own load: poll duration, skipped ticks, rows dropped per sink."""
         p = f"{self._prefix}/collector/"
-        out = {p + "poll_seconds": self._poll_seconds, p + "ticks_skipped_total": float(self._ticks_skipped)}
+        out = {
+            p + "poll_seconds": self._poll_seconds,
+            p + "ticks_skipped_total": float(self._ticks_skipped),
+        }
         for name, n in self.fanout.dropped().items():
             out[f"{p}sink_rows_dropped/{name}"] = float(n)
         return out
-

@@ -1,7 +1,8 @@
 """The fleet's statistical state between polls, with no I/O: scrapes in, statistics and keys out.
 
 A source (HTTP, Ray, files) produces one :class:`ScrapeResult` per endpoint per poll; the
-:class:`FleetState` turns them into per-engine deltas (docs/rules.md §3), reduces them per scope, and
+:class:`FleetState` turns them into per-engine deltas (docs/rules.md §3), reduces them per
+scope, and
 renders keys. The collector and ``fleetscope inspect`` share it, so the CLI shows exactly what
 the collector logs.
 """
@@ -9,7 +10,7 @@ the collector logs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -134,7 +135,9 @@ class FleetState:
                     if self._prev_poll is not None and start > self._prev_poll[1] + self.clock_skew:
                         # started after the previous poll: everything it counted is new
                         interval = max(snap.time - self._prev_poll[0], 0.0)
-                    elif first_attempt + self.clock_skew < start <= snap.wall_time + self.clock_skew:
+                    elif (
+                        first_attempt + self.clock_skew < start <= snap.wall_time + self.clock_skew
+                    ):
                         # started after its endpoint joined (refused until then, as every
                         # vLLM is for its first 30-50 s): counted from 0, over its own life
                         interval = max(snap.wall_time - start, 0.0)
