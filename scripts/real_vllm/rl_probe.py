@@ -91,7 +91,8 @@ def parse_selected(body: str) -> dict[str, float]:
         if not line or line.startswith("#"):
             continue
         m = SAMPLE.match(line)
-        if m and SELECTED.match(m.group(1)):
+        # histogram buckets stay in the raw bodies; the summary keeps _count and _sum
+        if m and SELECTED.match(m.group(1)) and "_bucket{" not in m.group(1):
             out[m.group(1)] = float(m.group(2))
     return out
 
