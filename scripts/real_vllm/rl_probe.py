@@ -78,6 +78,7 @@ KEEP_BODIES = {
     "after_update_weight_version",
     "sleep_l1_asleep",
     "sleep_l1_after_wake",
+    "sleep_l1_wait_pending",
     "ipc_done",
     "ipcf_done",
     "final",
@@ -467,13 +468,20 @@ class Probe:
         self.note("sleep level 1 with mode=wait")
         self.gen("sleep_l1_wait_long", LONG)
         await self.wait_in_flight(["sleep_l1_wait_long"])
-        await self.call(
-            "POST",
-            "/sleep",
-            params={"level": 1, "mode": "wait"},
-            label="sleep_l1_wait",
-            watch=["sleep_l1_wait_long"],
+        sleep = asyncio.create_task(
+            self.call(
+                "POST",
+                "/sleep",
+                params={"level": 1, "mode": "wait"},
+                label="sleep_l1_wait",
+                watch=["sleep_l1_wait_long"],
+            )
         )
+        await asyncio.sleep(0.3)
+        if not sleep.done():  # sleep_mode_operations_in_flight{operation="sleep"} is 1 now
+            await self.call("GET", "/is_sleeping", label="sleep_l1_wait_pending")
+            await self.metrics("sleep_l1_wait_pending")
+        await sleep
         await self.call("GET", "/is_sleeping", label="sleep_l1_wait_state")
         await self.call("POST", "/wake_up", label="sleep_l1_wait_wake")
         await self.drain()
@@ -489,6 +497,7 @@ class Probe:
         self.gen("after_release", SHORT, "plain")
         await self.drain()
         await self.call("GET", "/is_sleeping", label="release_state_after")
+        await self.metrics("release_failed")
         # the failed discard left "kv_cache" in the executor's sleeping tags
         await self.call("POST", "/wake_up", label="release_wake")
         await self.call("GET", "/is_sleeping", label="release_state_after_wake")
