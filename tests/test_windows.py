@@ -193,13 +193,17 @@ async def test_fault_inside_window_keeps_totals_exact(fault: str) -> None:
             want = diff(want, unseen)  # all of it but what no scrape could ever see
         assert window_totals(keys, "inference/train", scope) == want, scope
     # a failed scrape in the middle costs no coverage: the next success spans the gap exactly;
-    # a reset restarts its series from 0 and voids nothing
-    assert keys["inference/train/coverage"] == 1.0
+    # a reset restarts its series from 0 and voids nothing, but what the old process counted
+    # after its last scrape was never observed: coverage says so (docs/bad-data.md §7)
     restarts = keys["inference/train/engine_restarts"]
     if fault == "http_error":
+        assert keys["inference/train/coverage"] == 1.0
+        assert keys["inference/train/restarts_unseen_tail"] == 0
         assert keys["inference/train/failed_scrapes"] == 1
         assert restarts == 0
     else:
+        assert keys["inference/train/coverage"] < 1.0
+        assert keys["inference/train/restarts_unseen_tail"] >= restarts
         assert keys["inference/train/failed_scrapes"] == 0
         # engines of the restarted server (and the server's own series for a whole restart)
         # engines only, as `engine_restarts_total` counts them (not the server's own row)
