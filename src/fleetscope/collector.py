@@ -71,7 +71,12 @@ class Collector:
         self.interval = cfg.interval
         self.timeout = cfg.timeout
         self.on_poll = on_poll
-        self.state = FleetState(key_options=cfg.key_options, group_by_model=cfg.group_by_model)
+        self.state = FleetState(
+            key_options=cfg.key_options,
+            group_by_model=cfg.group_by_model,
+            max_engines_per_endpoint=cfg.max_engines_per_endpoint,
+            evict_after=cfg.evict_after,
+        )
         self.windows = WindowSet()
         self.health = HealthMonitor(cfg.health_thresholds)
         self.fanout = SinkFanout(sinks, queue_size=cfg.sink_queue)
@@ -383,6 +388,8 @@ class Collector:
                 if sc.joined:
                     self.windows.endpoint_joins(sc.endpoint, sc.time)
             result = self.state.observe(scrapes)
+            for eid in self.state.take_evicted():
+                self.windows.evict(eid, EngineId(eid.endpoint, "evicted"))
             self.windows.attribute(
                 result.inputs, now=result.time, failed_scrapes=sum(1 for s in scrapes if not s.ok)
             )

@@ -63,6 +63,8 @@ class FleetState:
         clock_skew: float = DEFAULT_CLOCK_SKEW,
         prefixes: Sequence[str] | None = None,
         group_by_model: bool = False,
+        max_engines_per_endpoint: int = 512,
+        evict_after: float = 600.0,
     ):
         self.baselines = Baselines()
         # one extra scope per served model (``model:{name}``), for fleets serving several
@@ -78,6 +80,12 @@ class FleetState:
         self.invalid_series_total = 0
         self._invalid_seen: set[tuple[str, str, str]] = set()  # warned once each
         self._invalid_this_poll: dict[str, int] = {}
+        # cardinality: engines per endpoint are bounded, silent ones evicted (sums kept)
+        self.max_engines_per_endpoint = max(1, max_engines_per_endpoint)
+        self.evict_after = evict_after
+        self._last_seen: dict[EngineId, float] = {}
+        self._ever: dict[str, int] = {}  # endpoint -> distinct engine ids seen
+        self._evicted: list[EngineId] = []
         self.roles: dict[str, Role | None] = {}  # endpoint -> role
         self.engine_role: dict[EngineId, Role | None] = {}
         # a crash-looping engine is counted every time, but warned about once per interval
@@ -99,6 +107,7 @@ class FleetState:
         """An engine is gone for good (its worker will never report again)."""
         self.baselines.forget(engine_id)
         self.engine_role.pop(engine_id, None)
+        self._last_seen.pop(engine_id, None)
 
     def forget_endpoint(self, endpoint: str) -> None:
         """An endpoint left the fleet: drop its baselines and roles (run totals stay). If it
@@ -121,9 +130,22 @@ class FleetState:
             if sc.exposition is None:
                 continue
             self._note_invalid(sc)
+            labels = list(sc.exposition)
+            if len(labels) > self.max_engines_per_endpoint:
+                self._warner.warn(
+                    f"too-many-engines:{sc.endpoint}",
+                    f"{sc.endpoint} exposes {len(labels)} engines, more than the "
+                    f"{self.max_engines_per_endpoint} allowed per endpoint: the rest are ignored",
+                )
+                labels = sorted(labels)[: self.max_engines_per_endpoint]
             rows = [
-                (EngineId(sc.endpoint, label), snap, True, sc.engine_roles.get(label, sc.role))
-                for label, snap in sc.exposition.items()
+                (
+                    EngineId(sc.endpoint, label),
+                    sc.exposition[label],
+                    True,
+                    sc.engine_roles.get(label, sc.role),
+                )
+                for label in labels
             ]
             if sc.exposition.endpoint is not None:
                 rows.append((EngineId(sc.endpoint), sc.exposition.endpoint, False, sc.role))
@@ -167,6 +189,9 @@ class FleetState:
                     )
                 deltas[eid] = d
                 self.engine_role[eid] = role
+                if eid not in self._last_seen and is_engine:
+                    self._ever[sc.endpoint] = self._ever.get(sc.endpoint, 0) + 1
+                self._last_seen[eid] = sc.time
                 groups = sc.groups
                 if self.group_by_model and snap.layout.model_name:
                     groups = (*groups, f"model:{snap.layout.model_name}")
@@ -174,7 +199,43 @@ class FleetState:
         ok = [sc for sc in scrapes if sc.ok]
         if ok:
             self._prev_poll = (max(sc.time for sc in ok), max(sc.wall_time for sc in ok))
+            self._bound_engines(max(sc.time for sc in ok))
         return inputs, deltas, restarts
+
+    def _bound_engines(self, now: float) -> None:
+        """Evict engines silent for ``evict_after`` seconds, and the least recently seen ones
+        of an endpoint past its bound (labels that churn every scrape); warn about churn."""
+        live: dict[str, list[EngineId]] = {}
+        for eid, seen in list(self._last_seen.items()):
+            if not eid.is_engine:
+                continue
+            if now - seen > self.evict_after:
+                self._evict(eid)
+            else:
+                live.setdefault(eid.endpoint, []).append(eid)
+        for endpoint, engines in live.items():
+            extra = len(engines) - self.max_engines_per_endpoint
+            if extra > 0:
+                for eid in sorted(engines, key=self._last_seen.__getitem__)[:extra]:
+                    self._evict(eid)
+            ever = self._ever.get(endpoint, 0)
+            if ever > 2 * self.max_engines_per_endpoint or ever > 4 * len(engines) + 16:
+                self._warner.warn(
+                    f"churn:{endpoint}",
+                    f"{endpoint}: its engine labels churn ({ever} distinct engines seen, "
+                    f"{len(engines)} now): silent ones are evicted, their sums kept under "
+                    f"{endpoint}.evicted",
+                )
+
+    def _evict(self, eid: EngineId) -> None:
+        self.forget_engine(eid)
+        self._last_seen.pop(eid, None)
+        self._evicted.append(eid)
+
+    def take_evicted(self) -> list[EngineId]:
+        """Engines evicted since the last call (windows fold their sums, once each)."""
+        out, self._evicted = self._evicted, []
+        return out
 
     def _note_invalid(self, sc: ScrapeResult) -> None:
         """Series left out of this scrape for bad values: warned once per endpoint and series,
