@@ -589,3 +589,39 @@ async def test_disaggregated_tails_are_role_aware() -> None:
     assert sick[f"inference/prefill/{gen}/min"] == min(rates(sick, "prefill").values())
     # the sum still covers every engine, prefill included
     assert sick[f"inference/agg/{gen}/sum"] == pytest.approx(sum(rates(sick).values()))
+
+
+async def test_boundary_rows_show_no_rates_over_a_sliver(tmp_path) -> None:
+    """A boundary scrape a moment after the regular poll made every chart dip (a rate over a
+    fraction of a second: 0 tok/s, and 2x in the row before). The boundary row carries the
+    window keys and instant values only; the next regular row shows the increase and the
+    rate over the whole interval since the previous regular poll, exactly."""
+    from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
+
+    path = tmp_path / "rows.jsonl"
+    async with rig() as r:
+        c = r.collector(sinks=[JsonlSink(path)])
+        await c.poll()
+        r.fleet.step(1.0)
+        before = r.truth_all()
+        await c.poll()  # regular
+        train = c.window("train")
+        await train.astart()  # the boundary, right after it, with no new tokens
+        r.fleet.step(2.0)
+        view = await c.poll()  # regular: the increase since the previous regular poll
+        after = r.truth_all()
+        await train.astop()
+        await c.stop()
+    polls, _ = read_jsonl(path)
+    boundary = polls[2]["metrics"]
+    assert "inference/agg/generation_tokens_total:rate/sum" not in boundary
+    assert "inference/agg/generation_tokens_total/delta" not in boundary
+    assert "inference/agg/num_requests_running/sum" in boundary  # instant values stay
+    want = diff(after["agg"], before["agg"])["generation_tokens_total"]
+    assert view.keys["inference/agg/generation_tokens_total/delta"] == want
+    # the rate divides by each engine's seconds since the previous *regular* poll
+    stats = view.result.stats
+    shown = stats.seconds[stats.is_engine]
+    raw = [i.delta.seconds for i in view.result.inputs if i.is_engine]
+    assert all(s > r for s, r in zip(shown, raw, strict=True))
+    assert view.keys["inference/agg/generation_tokens_total:rate/sum"] > 0

@@ -362,7 +362,7 @@ class Collector:
         async with self._poll_lock:
             t0 = time.monotonic()
             scrapes = await self.source.scrape()
-            view = await self._in_stats(self._process, scrapes)
+            view = await self._in_stats(self._process, scrapes, before_log is not None)
             self.last = view
             result = view.result
             try:
@@ -379,7 +379,7 @@ class Collector:
                     self._warner.warn("on_poll", f"on_poll callback raised {e!r}")
             return view
 
-    def _process(self, scrapes: list[ScrapeResult]) -> FleetView:
+    def _process(self, scrapes: list[ScrapeResult], boundary: bool = False) -> FleetView:
         """Departures, deltas, reductions, windows, health and the view of one poll (in the
         worker thread, under the statistics lock)."""
         with self._lock:
@@ -387,7 +387,7 @@ class Collector:
             for sc in scrapes:
                 if sc.joined:
                     self.windows.endpoint_joins(sc.endpoint, sc.time)
-            result = self.state.observe(scrapes)
+            result = self.state.observe(scrapes, boundary=boundary)
             for eid in self.state.take_evicted():
                 self.windows.evict(eid, EngineId(eid.endpoint, "evicted"))
             self.windows.attribute(

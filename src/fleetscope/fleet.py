@@ -9,10 +9,13 @@ the collector logs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.identity import EngineId, Role
@@ -26,6 +29,7 @@ from fleetscope.stats.reduce import (
     EngineInput,
     Partial,
     PollStats,
+    ScopeStats,
     finish_reduce,
     merge_partials,
     partial_reduce,
@@ -86,22 +90,39 @@ class FleetState:
         self._last_seen: dict[EngineId, float] = {}
         self._ever: dict[str, int] = {}  # endpoint -> distinct engine ids seen
         self._evicted: list[EngineId] = []
+        self._held: dict[str, EngineInput] = {}  # boundary deltas the next regular poll shows
         self.roles: dict[str, Role | None] = {}  # endpoint -> role
         self.engine_role: dict[EngineId, Role | None] = {}
         # a crash-looping engine is counted every time, but warned about once per interval
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
 
-    def observe(self, scrapes: Sequence[ScrapeResult]) -> PollResult:
-        """Fold one poll's scrapes into the state and reduce them."""
+    def observe(self, scrapes: Sequence[ScrapeResult], *, boundary: bool = False) -> PollResult:
+        """Fold one poll's scrapes into the state and reduce them.
+
+        ``boundary``: an extra scrape taken at a window boundary, often a fraction of an
+        interval after the regular poll. Its deltas are exact for the windows
+        (``result.inputs``), but a rate over a sliver is not a fleet state: the boundary row
+        shows no rates, ratios, quantiles or increases, and the next regular poll shows them
+        over the whole interval since the previous regular poll (no dip, no spike).
+        """
         inputs, deltas, restarts = self.fold(scrapes)
         kwargs = {"prefixes": self.prefixes} if self.prefixes else {}
-        return self.finish(
-            [partial_reduce(inputs, **kwargs)],
+        shown = inputs
+        if boundary:
+            for inp in inputs:
+                self._held[inp.engine_id] = _joined(self._held.get(inp.engine_id), inp)
+        elif self._held:
+            shown = [_joined(self._held.get(inp.engine_id), inp) for inp in inputs]
+            self._held = {}
+        result = self.finish(
+            [partial_reduce(shown, **kwargs)],
             scrapes,
             inputs=inputs,
             deltas=deltas,
             restarts=restarts,
+            instant_only=boundary,
         )
+        return result
 
     def forget_engine(self, engine_id: EngineId) -> None:
         """An engine is gone for good (its worker will never report again)."""
@@ -271,8 +292,10 @@ class FleetState:
         inputs: list[EngineInput] | None = None,
         deltas: dict[EngineId, EngineDelta] | None = None,
         restarts: Sequence[EngineId] = (),
+        instant_only: bool = False,
     ) -> PollResult:
-        """Merge reduced parts (one, or one per shard) into this poll's statistics and keys."""
+        """Merge reduced parts (one, or one per shard) into this poll's statistics and keys
+        (``instant_only``: only values of this instant, no interval statistics)."""
         for sc in scrapes:
             self.roles[sc.endpoint] = sc.role
             if not sc.ok:
@@ -280,7 +303,7 @@ class FleetState:
                     self.scrape_failures_total.get(sc.endpoint, 0) + 1
                 )
         stats = finish_reduce(merge_partials(partials))
-        keys = poll_keys(stats, self.key_options)
+        keys = poll_keys(instant_view(stats) if instant_only else stats, self.key_options)
         keys.update(self._health_keys(scrapes, stats))
         result = PollResult(
             step=self.step,
@@ -329,3 +352,47 @@ class FleetState:
         out[base + "scrape_failures_total"] = float(sum(self.scrape_failures_total.values()))
         out[base + "engine_restarts_total"] = float(sum(self.restarts.values()))
         return out
+
+
+_INSTANT_KINDS = frozenset({"gauge", "total", "const"})
+_INTERVAL_STATS = frozenset({"p50", "p90", "p99", "delta", "pooled"})
+
+
+def instant_view(stats: PollStats) -> PollStats:
+    """``stats`` without what needs an interval: rates, ratios, quantiles, increases."""
+    keep = np.array([stats.kinds.get(c) in _INSTANT_KINDS for c in stats.columns], dtype=bool)
+    matrix = np.where(keep[None, :], stats.matrix, np.nan)
+    scopes = {}
+    for name, sc in stats.scopes.items():
+        metrics = {
+            m: {k: v for k, v in per.items() if k not in _INTERVAL_STATS}
+            for m, per in sc.metrics.items()
+            if stats.kinds.get(m, "gauge") in _INSTANT_KINDS
+        }
+        scopes[name] = ScopeStats(sc.engines, {m: per for m, per in metrics.items() if per})
+    return dataclasses.replace(stats, matrix=matrix, scopes=scopes)
+
+
+def _joined(held: EngineInput | None, cur: EngineInput) -> EngineInput:
+    """One engine's held boundary delta and its current one, as one delta over both
+    intervals (the current one alone if the engine changed shape or restarted in between)."""
+    if held is None:
+        return cur
+    a, b = held.delta, cur.delta
+    if a.layout is not b.layout or b.restarted or b.baseline_only:
+        return cur
+    if a.baseline_only:
+        return cur
+    both = np.where(np.isnan(a.delta), b.delta, a.delta + np.nan_to_num(b.delta))
+    both = np.where(np.isnan(b.delta) & np.isnan(a.delta), np.nan, both)
+    joined = dataclasses.replace(
+        b,
+        delta=both,
+        seconds=a.seconds + b.seconds,
+        span=None,
+        observed_seconds=a.observed_seconds + b.observed_seconds,
+        restarted=a.restarted,
+        started=a.started,
+        tail_unseen=a.tail_unseen or b.tail_unseen,
+    )
+    return dataclasses.replace(cur, delta=joined)
