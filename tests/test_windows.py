@@ -625,3 +625,45 @@ async def test_boundary_rows_show_no_rates_over_a_sliver(tmp_path) -> None:
     raw = [i.delta.seconds for i in view.result.inputs if i.is_engine]
     assert all(s > r for s, r in zip(shown, raw, strict=True))
     assert view.keys["inference/agg/generation_tokens_total:rate/sum"] > 0
+
+
+async def test_a_window_open_at_checkpoint_keeps_its_first_part(tmp_path) -> None:
+    """``state_dict()`` while a window is open, ``load_state_dict()`` into a new collector:
+    the window goes on and its totals are the pre-checkpoint part plus what follows (the
+    pre-checkpoint part was lost)."""
+    import json
+
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()
+        train = c.window("train")
+        await train.astart()
+        t0 = r.truth_all()
+        r.fleet.step(1.0)
+        await c.poll()
+        t1 = r.truth_all()
+        saved = json.loads(json.dumps(c.state_dict()))  # plain data
+        await c.stop()
+
+        c2 = r.collector()
+        c2.load_state_dict(saved)
+        await c2.poll()  # fresh baselines: what happened in between is not counted
+        t2 = r.truth_all()
+        r.fleet.step(1.0)
+        await c2.poll()
+        keys = await c2.window("train").astop()
+        t3 = r.truth_all()
+        await c2.stop()
+    for scope in SCOPES:
+        want = {k: (t1[scope][k] - t0[scope][k]) + (t3[scope][k] - t2[scope][k]) for k in t0[scope]}
+        assert window_totals(keys, "inference/train", scope) == want, scope
+
+
+def test_a_boundary_at_clock_zero_counts() -> None:
+    """``now - (resumed_at or now)`` read a resume at clock 0.0 as no resume at all."""
+    from fleetscope.windows import WindowSet
+
+    ws = WindowSet()
+    ws.start("train", 0.0)
+    w = ws.stop("train", 5.0)
+    assert w.acc.active_seconds == 5.0
