@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from fleetscope.identity import Role
 
 
-def _role_and_url(spec: str) -> tuple[str | None, str]:
+def _role_and_url(spec: str) -> tuple[Role | None, str]:
     """``URL`` (no role), or ``prefill=URL`` / ``decode=URL``."""
     role, sep, url = spec.partition("=")
     if not sep or "://" in role:
         return None, spec.strip()
     if role not in ("prefill", "decode") or not url.strip():
         raise ValueError("expected URL, prefill=URL or decode=URL")
-    return role, url.strip()
+    return cast("Role", role), url.strip()
 
 
 def _headers_from_args(args: argparse.Namespace) -> dict[str, str]:

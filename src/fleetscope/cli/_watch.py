@@ -6,11 +6,20 @@ import argparse
 import contextlib
 import json
 import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from fleetscope.cli._common import _add_sink_args, _headers_from_args, _role_and_url, build_sinks
 
+if TYPE_CHECKING:
+    from fleetscope.collector import Collector
+    from fleetscope.sources.http import Endpoint
 
-def _endpoints_from_args(args: argparse.Namespace):
+#: how the endpoints-file helpers wait (``asyncio.sleep`` unless a test passes its own)
+Pause = Callable[[float], Awaitable[object]]
+
+
+def _endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
     from fleetscope.sources.http import Endpoint
 
     eps = [Endpoint(url=u) for u in args.urls]
@@ -34,21 +43,21 @@ def _endpoints_from_args(args: argparse.Namespace):
 ENDPOINTS_FILE_SETTLE_S = 0.2
 
 
-def read_endpoints_file(path: str):
+def read_endpoints_file(path: str) -> list[Endpoint]:
     """An endpoints file: one endpoint per line, ``URL`` or ``prefill=URL`` / ``decode=URL``;
     blank lines and ``#`` comments are ignored."""
     with open(path, encoding="utf-8") as f:
         return parse_endpoints_text(f.read())
 
 
-def parse_endpoints_text(text: str):
+def parse_endpoints_text(text: str) -> list[Endpoint]:
     """The endpoints listed in an endpoints file's text (see :func:`read_endpoints_file`);
     ``ValueError`` naming the line for anything that is not a URL."""
     import httpx
 
     from fleetscope.sources.http import Endpoint
 
-    eps = []
+    eps: list[Endpoint] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -70,7 +79,9 @@ def parse_endpoints_text(text: str):
     return eps
 
 
-async def read_stable_text(path: str, settle: float = ENDPOINTS_FILE_SETTLE_S, pause=None) -> str:
+async def read_stable_text(
+    path: str, settle: float = ENDPOINTS_FILE_SETTLE_S, pause: Pause | None = None
+) -> str:
     """The file's text once two reads ``settle`` seconds apart agree (an editor or a script
     rewriting it leaves it empty or cut short for a moment); ``OSError`` if unreadable,
     ``ValueError`` if it keeps changing (five tries)."""
@@ -89,13 +100,13 @@ async def read_stable_text(path: str, settle: float = ENDPOINTS_FILE_SETTLE_S, p
 
 
 async def _follow_endpoints_file(
-    collector,
+    collector: Collector,
     path: str,
-    fixed,
+    fixed: Sequence[Endpoint],
     interval: float,
     *,
     settle: float = ENDPOINTS_FILE_SETTLE_S,
-    pause=None,
+    pause: Pause | None = None,
     applied: str | None = None,
 ) -> None:
     """Re-read ``path`` when it changes and make the watched fleet ``fixed`` + its endpoints.
@@ -199,7 +210,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             # exit 0 (fleetscope.signals; a second signal during the stop is ignored)
             stopper = stop_on_signals(collector, chain=False)
             try:
-                waits = [asyncio.ensure_future(stopper.wait())]
+                waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stopper.wait())]
                 if args.duration:
                     waits.append(asyncio.ensure_future(asyncio.sleep(args.duration)))
                 _done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -220,7 +231,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _watch_once(args: argparse.Namespace, endpoints) -> int:
+async def _watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -> int:
     import asyncio
 
     from fleetscope.collector import Collector
