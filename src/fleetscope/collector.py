@@ -192,7 +192,7 @@ class Collector:
         ready.wait(10)
         return self
 
-    def stop_background(self, timeout: float = 30.0) -> None:
+    def stop_background(self, timeout: float = 60.0) -> None:
         """Stop the background thread: last poll, run summary, sinks closed (bounded)."""
         if self._thread is None or self._loop is None:
             return
