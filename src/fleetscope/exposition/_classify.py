@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleetscope.catalog import BREAKDOWN_LABELS, canonical_family
+from fleetscope.catalog import BREAKDOWN_LABELS, FAMILY_BREAKDOWNS, canonical_family
 from fleetscope.exposition._syntax import ExpositionError, Sample, format_bound, parse_float
 from fleetscope.snapshot import (
     CounterSeries,
@@ -31,8 +31,9 @@ class SeriesDraft:
     family: str
     labels: Labels
     le: float | None
-    renamed: bool  # came from an old vLLM name; dropped when the current name is present
+    renamed: bool  # came from an old name; dropped when the current name is present
     model: str | None = None  # the sample's model_name label (summed away, kept for grouping)
+    original: str | None = None  # the exposed family name, when it was mapped
 
 
 def classify(
@@ -96,6 +97,7 @@ def classify(
             le_str = None
 
     canon, renamed = canonical_family(base)
+    original = base if canon != base else None
     if keep is not None and not canon.startswith(keep):
         return None
     le = None
@@ -109,8 +111,9 @@ def classify(
     if kind == "info":
         kept: Labels = tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
     else:
-        kept = tuple(sorted((k, v) for k, v in labels.items() if k in BREAKDOWN_LABELS))
-    return SeriesDraft(kind, canon, kept, le, renamed, s.labels.get("model_name"))
+        breakdown = FAMILY_BREAKDOWNS.get(canon, BREAKDOWN_LABELS)
+        kept = tuple(sorted((k, v) for k, v in labels.items() if k in breakdown))
+    return SeriesDraft(kind, canon, kept, le, renamed, s.labels.get("model_name"), original)
 
 
 def series_id(d: SeriesDraft) -> str:
