@@ -379,3 +379,24 @@ def test_sglang_prefix_cache_hit_rate():
     m = res.stats.engine("s.0")
     assert m["prefix_cache_hit_rate"] == pytest.approx(cached / prompt)
     assert m["num_preemptions_total"] == 1  # one retraction, counted as a preemption
+
+
+def test_openmetrics_body_with_escaped_sample_names_parses_as_the_text_body():
+    text = parse(body("single_after.prom"))["0"]
+    om = parse(body("single_after.openmetrics.txt"))["0"]
+    assert set(om) == set(text)
+    assert np.array_equal(
+        np.array([om[k] for k in text]), np.array([text[k] for k in text]), equal_nan=True
+    )
+    assert om.value("vllm:time_to_first_token_seconds_count") == 11
+
+
+def test_pd_fleet_scopes_come_from_the_bodies():
+    res = _observe(
+        [
+            (0.0, {"p": body("pd_prefill_after.prom"), "d": body("pd_decode_after.prom")}),
+            (30.0, {"p": body("pd_prefill_after.prom"), "d": body("pd_decode_after.prom")}),
+        ]
+    )
+    assert {"prefill", "decode"} <= set(res.stats.scopes)
+    assert res.stats.scopes["prefill"].engines == 1 and res.stats.scopes["decode"].engines == 1

@@ -111,7 +111,7 @@ FAMILIES: tuple[Family, ...] = (
     _vl(
         "vllm:gpu_prefix_cache_queries",
         "counter",
-        "tokens",
+        "",
         canonical="vllm:prefix_cache_queries",
         rename=True,
         labels=B,
@@ -120,7 +120,7 @@ FAMILIES: tuple[Family, ...] = (
     _vl(
         "vllm:gpu_prefix_cache_hits",
         "counter",
-        "tokens",
+        "",
         canonical="vllm:prefix_cache_hits",
         rename=True,
         labels=B,

@@ -42,6 +42,7 @@ def classify(
     counter_bases: set[str],
     identity: tuple[str, ...],
     keep: tuple[str, ...] | None,
+    escaped: dict[str, str] | None = None,
 ) -> SeriesDraft | None:
     name = s.name
     typ = types.get(name)
@@ -96,6 +97,8 @@ def classify(
             labels["le"] = le_str
             le_str = None
 
+    if escaped:
+        base = escaped.get(base, base)
     canon, renamed = canonical_family(base)
     original = base if canon != base else None
     if keep is not None and not canon.startswith(keep):

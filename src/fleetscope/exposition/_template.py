@@ -202,6 +202,7 @@ def build_template(
             types[fam] = typ
             head, _, v = line.rpartition(" ")
             types_by_head[sys.intern(head)] = sys.intern(v)
+    escaped = _escaped_names(lines, types)
     is_ray = any(name.startswith(p) for name in types for p in RAY_PREFIXES)
     # an SGLang server's own body (docs/sglang.md): engines are DP replicas (`dp_rank`)
     is_sglang = (
@@ -221,7 +222,7 @@ def build_template(
     }
     sg: _SGLangBody | None = None
     if is_sglang:
-        sg = _sglang_pass(lines, types, counter_bases, identity, keep)
+        sg = _sglang_pass(lines, types, counter_bases, identity, keep, escaped)
 
     ordinal: dict[str, int] = {}
     n_skip = 0
@@ -252,7 +253,7 @@ def build_template(
             s, draft = pre
         else:
             s = parse_sample(line, i)
-            draft = classify(s, types, counter_bases, identity, keep)
+            draft = classify(s, types, counter_bases, identity, keep, escaped)
         key = (s.name, tuple(sorted(s.labels.items())))
         if key in seen_series:
             raise ExpositionError("duplicate series", i, line)
@@ -291,6 +292,26 @@ def build_template(
     return tpl, values
 
 
+def _escaped_names(lines: list[str], types: dict[str, str]) -> dict[str, str] | None:
+    """OpenMetrics bodies whose sample names escape ``:`` but whose TYPE lines do not.
+
+    prometheus_client 0.26's OpenMetrics encoder writes ``# TYPE sglang:queue_time_seconds
+    histogram`` followed by ``sglang_queue_time_seconds_bucket{...}`` (vLLM's ``vllm:`` names
+    alike): the samples are read as the TYPE line's family (tests/data/sglang-0.5.23/README.md).
+    Adds the escaped names to ``types``; returns escaped -> declared name (None: not needed).
+    """
+    if not lines or not lines[-1].startswith("# EOF"):
+        return None
+    out = {}
+    for fam in list(types):
+        if ":" in fam:
+            esc = fam.replace(":", "_")
+            if esc not in types:
+                types[esc] = types[fam]
+                out[esc] = fam
+    return out or None
+
+
 @dataclass(slots=True)
 class _SGLangBody:
     parsed: dict[int, tuple[Sample, SeriesDraft | None]]  # line number -> sample, draft
@@ -312,6 +333,7 @@ def _sglang_pass(
     counter_bases: set[str],
     identity: tuple[str, ...],
     keep: tuple[str, ...] | None,
+    escaped: dict[str, str] | None,
 ) -> _SGLangBody:
     """Engines of an SGLang body (docs/sglang.md "Engines, TP and DP ranks").
 
@@ -334,7 +356,7 @@ def _sglang_pass(
         if not line.strip():
             break  # the main loop reports it
         s = parse_sample(line, i)
-        parsed[i] = (s, classify(s, types, counter_bases, identity, keep))
+        parsed[i] = (s, classify(s, types, counter_bases, identity, keep, escaped))
     dp_values: set[str] = set()
     shared_dp: dict[str, set[str]] = {}
     for s, d in parsed.values():
