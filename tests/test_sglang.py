@@ -38,6 +38,7 @@ MAPPED = {
     "sglang:request_time_per_output_token_seconds": "vllm:request_time_per_output_token_seconds",
     "sglang:prompt_tokens_total": "vllm:prompt_tokens_total",
     "sglang:generation_tokens_total": "vllm:generation_tokens_total",
+    "sglang:estimated_flops_per_gpu_total": "vllm:estimated_flops_per_gpu_total",
 }
 RANKS = ("tp_rank", "pp_rank", "moe_ep_rank")
 
