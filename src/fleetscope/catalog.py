@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -87,12 +88,12 @@ _VL_SOURCE = "vLLM 0.32.0/0.33.0 source (tests/data/vllm-families/families.json)
 _SAME = "same name, type and unit; same meaning (tests/data/sglang-0.5.23/README.md mapping table)"
 
 
-def _sg(name: str, type: str, unit: str, **kw) -> Family:
+def _sg(name: str, type: str, unit: str, **kw: Any) -> Family:
     kw.setdefault("evidence", _SAME if kw.get("canonical") else _SG_SOURCE)
     return Family(name, "sglang", type, unit, **kw)
 
 
-def _vl(name: str, type: str, unit: str, **kw) -> Family:
+def _vl(name: str, type: str, unit: str, **kw: Any) -> Family:
     kw.setdefault("evidence", _VL_SOURCE)
     return Family(name, "vllm", type, unit, **kw)
 
