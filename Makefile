@@ -11,6 +11,7 @@ test-deps:
 	bash scripts/install-test-deps.sh
 
 test: test-deps
+	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest -q
 
 # fleetscope against real vLLM servers (CPU build, cached venv in ~/.cache/fleetscope/vllm-venv): a single

@@ -29,9 +29,15 @@ def test_public_api_imports_from_the_top_level():
     assert set(f.__all__) >= {"Collector", "HealthThresholds", "EngineLoad", "WindowError"}
     # the optional extras are not imported by `import fleetscope`
     out = subprocess.run(
-        [sys.executable, "-c", "import fleetscope, sys; print(sorted(m for m in sys.modules "
-         "if m.split('.')[0] in ('wandb', 'ray', 'mlflow', 'tensorboard')))"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import fleetscope, sys; print(sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('wandb', 'ray', 'mlflow', 'tensorboard')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.strip() == "[]"
 
@@ -140,25 +146,25 @@ class _AllHooks:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def log(self, metrics, *, step, wall_time):  # noqa: ANN001
+    def log(self, metrics, *, step, wall_time):
         self.calls.append("log")
 
-    def log_poll(self, result):  # noqa: ANN001
+    def log_poll(self, result):
         self.calls.append("log_poll")
 
-    def log_events(self, events):  # noqa: ANN001
+    def log_events(self, events):
         self.calls.append("log_events")
 
-    def log_summary(self, summary):  # noqa: ANN001
+    def log_summary(self, summary):
         self.calls.append("log_summary")
 
-    def on_window_start(self, label):  # noqa: ANN001
+    def on_window_start(self, label):
         self.calls.append(f"start:{label}")
 
-    def on_window_stop(self, label):  # noqa: ANN001
+    def on_window_stop(self, label):
         self.calls.append(f"stop:{label}")
 
-    def on_run_end(self, status):  # noqa: ANN001
+    def on_run_end(self, status):
         self.calls.append(f"end:{status}")
 
     def close(self):
@@ -186,9 +192,8 @@ async def test_declared_sink_hooks_are_all_called_in_order():
 async def test_sharded_shards_receive_every_option():
     """Headers, TLS verification, the body cap and model groups reach every shard (they were
     dropped when shards built their own HTTP source from two options)."""
-    from support.ray_cluster import local_ray
-
     from fleetscope.sharded import ShardedCollector
+    from support.ray_cluster import local_ray
 
     fleet = SimFleet(seed=2)
     for _ in range(3):

@@ -30,9 +30,9 @@ import pytest
 from conftest import promql_bucket_quantile
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.collector import Collector, FleetView
-from fleetscope.view import counter_increase
 from fleetscope.simulate import FleetServer, SimEndpoint, SimFleet
 from fleetscope.sources.http import Endpoint
+from fleetscope.view import counter_increase
 
 COUNTERS = (
     "vllm:generation_tokens_total",
@@ -356,7 +356,10 @@ async def test_nan_counters_are_left_out_not_the_scrape(caplog: pytest.LogCaptur
         view, t3 = await r.poll()
         assert view.keys["inference/agg/invalid_series"] == 0
     key = "inference_summary/combined/agg/generation_tokens_total/delta"
-    want = sum(t3[e]["vllm:generation_tokens_total"] - t0[e]["vllm:generation_tokens_total"] for e in everyone)
+    want = sum(
+        t3[e]["vllm:generation_tokens_total"] - t0[e]["vllm:generation_tokens_total"]
+        for e in everyone
+    )
     assert r.collector.summary()[key] == want
 
 

@@ -21,9 +21,9 @@ import pytest
 
 from conftest import fixture_text, sample_value, set_values
 from fleetscope.collector import Collector, FleetView
-from fleetscope.view import counter_increase
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sources.http import Endpoint
+from fleetscope.view import counter_increase
 
 LOAD = fixture_text("single_load.prom")
 AFTER = fixture_text("single_after.prom")

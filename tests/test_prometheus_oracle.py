@@ -14,7 +14,8 @@ PromQL on the same samples (relative 1e-9):
   0.99 and several histograms, per scope;
 * mixed bucket layouts (one server's ``request_prompt_tokens`` stops at 1000, the other's at
   500): fleetscope equals ``histogram_quantile`` on the *intersection* of the bounds (only the
-  shared ``le`` values queried) and differs from PromQL's union answer, as docs/rules.md §3.5 demands.
+  shared ``le`` values queried) and differs from PromQL's union answer, as docs/rules.md §3.5
+  demands.
 
 The simulator always answers in text format 0.0.4, so Prometheus keeps the ``vllm:`` names.
 """
@@ -31,10 +32,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from fleetscope.collector import Collector, FleetView
-from fleetscope.view import counter_increase
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.simulate.vllm_families import build_1_2_5_buckets
 from fleetscope.sources.http import Endpoint
+from fleetscope.view import counter_increase
 from support.prom import PrometheusServer
 
 pytestmark = pytest.mark.slow

@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "TensorBoardSink": "fleetscope.sinks.tensorboard",
     "MlflowSink": "fleetscope.sinks.mlflow",
     "GrafanaAnnotator": "fleetscope.sinks.grafana",
+    "stop_on_signals": "fleetscope.signals",
     "HealthThresholds": "fleetscope.health",
     "HealthEvent": "fleetscope.health",
     "parse": "fleetscope.exposition",
@@ -50,7 +51,40 @@ _EXPORTS: dict[str, str] = {
     "ExpositionError": "fleetscope.exposition",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "Collector",
+    "CollectorConfig",
+    "Endpoint",
+    "EngineId",
+    "EngineLoad",
+    "Exposition",
+    "ExpositionError",
+    "FleetView",
+    "GrafanaAnnotator",
+    "HealthEvent",
+    "HealthThresholds",
+    "HttpSource",
+    "JsonlSink",
+    "MlflowSink",
+    "Parser",
+    "PrometheusSource",
+    "RayIdentity",
+    "RaySource",
+    "ScrapeResult",
+    "ShardedCollector",
+    "ShardedSource",
+    "Sink",
+    "Source",
+    "TensorBoardSink",
+    "TerminalSink",
+    "WandbSink",
+    "WindowError",
+    "WindowHandle",
+    "__version__",
+    "parse",
+    "read_jsonl",
+    "stop_on_signals",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -74,6 +108,7 @@ if TYPE_CHECKING:
     from fleetscope.health import HealthEvent, HealthThresholds
     from fleetscope.identity import EngineId
     from fleetscope.sharded import ShardedCollector, ShardedSource
+    from fleetscope.signals import stop_on_signals
     from fleetscope.sinks.base import Sink
     from fleetscope.sinks.grafana import GrafanaAnnotator
     from fleetscope.sinks.jsonl import JsonlSink, read_jsonl

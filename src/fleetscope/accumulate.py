@@ -223,27 +223,27 @@ class Accumulator:
             acc = self.engines.get(eid)
             if acc is None:
                 self.engines[eid] = _copy(o)
-                continue
-            acc.realign(o.layout)
-            acc.current = o.current
-            o2 = _copy(o)
-            o2.realign(acc.layout)
-            acc.delta = acc.delta + o2.delta
-            acc.covered += o2.covered
-            acc.spanned += o2.spanned
-            acc.restarts += o2.restarts
-            for sid, vals in o2.retired.items():  # absent from both layouts
-                acc.retired[sid] = _combine(acc.retired.get(sid), vals)
-            if o2.gauge_area is not None:
-                assert o2.gauge_seconds is not None and o2.gauge_peak is not None
-                if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
-                    acc.gauge_area = o2.gauge_area.copy()
-                    acc.gauge_seconds = o2.gauge_seconds.copy()
-                    acc.gauge_peak = o2.gauge_peak.copy()
-                else:
-                    acc.gauge_area += o2.gauge_area
-                    acc.gauge_seconds += o2.gauge_seconds
-                    acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
+            else:
+                _add_sum(acc, o)
+
+    def evict(self, engine: str, into: str) -> None:
+        """Fold an engine's sums into another row (``{endpoint}.evicted``): totals stay
+        exact while the number of rows stays bounded whatever an endpoint's labels do."""
+        o = self.engines.pop(engine, None)
+        if o is None:
+            return
+        dst = self.engines.get(into)
+        if dst is None:
+            self.engines[into] = o
+        else:
+            _add_sum(dst, o)
+        if engine in self.expected:
+            self.expected[into] = self.expected.get(into, 0.0) + self.expected.pop(engine)
+        self._left.discard(engine)
+        self._last_present.discard(engine)
+        self.departed.add(into)
+        if self._open is not None:
+            self._open.pop(engine, None)
 
     # ------------------------------------------------------------------ results
 
@@ -428,7 +428,9 @@ def layout_to_data(layout: EngineLayout) -> dict[str, Any]:
     """An engine layout as plain data (its series, slots and info labels)."""
     return {
         "slot_ids": list(layout.slot_ids),
-        "counters": [[c.name, [list(x) for x in c.labels], c.slot, c.created] for c in layout.counters],
+        "counters": [
+            [c.name, [list(x) for x in c.labels], c.slot, c.created] for c in layout.counters
+        ],
         "gauges": [[g.name, [list(x) for x in g.labels], g.slot] for g in layout.gauges],
         "histograms": [
             [
@@ -492,6 +494,30 @@ def _array(values: list[float | str]) -> np.ndarray:
 def _endpoint(engine: str) -> str:
     """An engine id's endpoint (a plain string id is taken as a whole endpoint)."""
     return engine.endpoint if isinstance(engine, EngineId) else engine
+
+
+def _add_sum(acc: _EngineSum, o: _EngineSum) -> None:
+    """Add ``o``'s sums to ``acc`` (layouts realigned: series come and go)."""
+    acc.realign(o.layout)
+    acc.current = o.current
+    o2 = _copy(o)
+    o2.realign(acc.layout)
+    acc.delta = acc.delta + o2.delta
+    acc.covered += o2.covered
+    acc.spanned += o2.spanned
+    acc.restarts += o2.restarts
+    for sid, vals in o2.retired.items():  # absent from both layouts
+        acc.retired[sid] = _combine(acc.retired.get(sid), vals)
+    if o2.gauge_area is not None:
+        assert o2.gauge_seconds is not None and o2.gauge_peak is not None
+        if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
+            acc.gauge_area = o2.gauge_area.copy()
+            acc.gauge_seconds = o2.gauge_seconds.copy()
+            acc.gauge_peak = o2.gauge_peak.copy()
+        else:
+            acc.gauge_area += o2.gauge_area
+            acc.gauge_seconds += o2.gauge_seconds
+            acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
 
 
 def _id_json(engine: str) -> list[str | None]:

@@ -974,7 +974,7 @@ def canonical_family(name: str) -> tuple[str, bool]:
     return name, False
 
 
-# -------------------------------------------------------------------------- families the code reads
+# ----------------------------------------------------------------- families the code reads
 
 #: vLLM's KV-consumer gauge: present on servers that fetch KV from a prefill server (decode)
 KV_CONSUMER_FAMILY = "vllm:num_requests_kv_fetch_by_stage"

@@ -71,7 +71,12 @@ class Collector:
         self.interval = cfg.interval
         self.timeout = cfg.timeout
         self.on_poll = on_poll
-        self.state = FleetState(key_options=cfg.key_options, group_by_model=cfg.group_by_model)
+        self.state = FleetState(
+            key_options=cfg.key_options,
+            group_by_model=cfg.group_by_model,
+            max_engines_per_endpoint=cfg.max_engines_per_endpoint,
+            evict_after=cfg.evict_after,
+        )
         self.windows = WindowSet()
         self.health = HealthMonitor(cfg.health_thresholds)
         self.fanout = SinkFanout(sinks, queue_size=cfg.sink_queue)
@@ -241,7 +246,9 @@ class Collector:
             w = await self._in_stats(self._window_action, action, label, result.time, times)
             if action == "stop":
                 with self._lock:
-                    keys.update(accumulator_keys(w.acc, label, self.state.key_options, summary=False))
+                    keys.update(
+                        accumulator_keys(w.acc, label, self.state.key_options, summary=False)
+                    )
             return keys
 
         await self._poll(at_boundary)
@@ -355,7 +362,7 @@ class Collector:
         async with self._poll_lock:
             t0 = time.monotonic()
             scrapes = await self.source.scrape()
-            view = await self._in_stats(self._process, scrapes)
+            view = await self._in_stats(self._process, scrapes, before_log is not None)
             self.last = view
             result = view.result
             try:
@@ -372,7 +379,7 @@ class Collector:
                     self._warner.warn("on_poll", f"on_poll callback raised {e!r}")
             return view
 
-    def _process(self, scrapes: list[ScrapeResult]) -> FleetView:
+    def _process(self, scrapes: list[ScrapeResult], boundary: bool = False) -> FleetView:
         """Departures, deltas, reductions, windows, health and the view of one poll (in the
         worker thread, under the statistics lock)."""
         with self._lock:
@@ -380,7 +387,9 @@ class Collector:
             for sc in scrapes:
                 if sc.joined:
                     self.windows.endpoint_joins(sc.endpoint, sc.time)
-            result = self.state.observe(scrapes)
+            result = self.state.observe(scrapes, boundary=boundary)
+            for eid in self.state.take_evicted():
+                self.windows.evict(eid, EngineId(eid.endpoint, "evicted"))
             self.windows.attribute(
                 result.inputs, now=result.time, failed_scrapes=sum(1 for s in scrapes if not s.ok)
             )
@@ -395,7 +404,9 @@ class Collector:
             lens = self.source.max_model_len if isinstance(self.source, ModelInfoSource) else {}
             return build_view(
                 result,
-                known_engines=[e for e in self.state.baselines.engines() if isinstance(e, EngineId)],
+                known_engines=[
+                    e for e in self.state.baselines.engines() if isinstance(e, EngineId)
+                ],
                 engine_roles=self.state.engine_role,
                 endpoint_roles=self.state.roles,
                 max_model_len=lens,
@@ -419,8 +430,10 @@ class Collector:
     def _collector_keys(self) -> dict[str, float]:
         """The collector's own load: poll duration, skipped ticks, rows dropped per sink."""
         p = f"{self._prefix}/collector/"
-        out = {p + "poll_seconds": self._poll_seconds, p + "ticks_skipped_total": float(self._ticks_skipped)}
+        out = {
+            p + "poll_seconds": self._poll_seconds,
+            p + "ticks_skipped_total": float(self._ticks_skipped),
+        }
         for name, n in self.fanout.dropped().items():
             out[f"{p}sink_rows_dropped/{name}"] = float(n)
         return out
-

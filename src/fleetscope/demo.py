@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fleetscope.collector import Collector
 from fleetscope.health import HealthThresholds
@@ -97,7 +98,7 @@ async def run_demo(
     return DemoResult(out_dir, jsonl_path, wandb_dir, summary, polls)
 
 
-async def _poll_until_tokens(collector: Collector, fleet, *, tries: int = 40) -> None:
+async def _poll_until_tokens(collector: Collector, fleet: Any, *, tries: int = 40) -> None:
     """Poll until a poll shows generated tokens (at most ``tries`` polls,
     each after the simulated fleet has stepped at least once since the previous one)."""
     key = "inference/agg/generation_tokens_total/delta"

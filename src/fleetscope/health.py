@@ -73,9 +73,7 @@ class HealthMonitor:
     _stall: dict[str, float] = field(default_factory=dict)  # seconds without a token
     _kv: dict[str, tuple[int, float]] = field(default_factory=dict)  # polls, s at/above kv_full
 
-    def evaluate(
-        self, result: PollResult, roles: Mapping[str, str | None]
-    ) -> list[HealthEvent]:
+    def evaluate(self, result: PollResult, roles: Mapping[str, str | None]) -> list[HealthEvent]:
         t = self.thresholds
         stats = result.stats
         events: list[HealthEvent] = []

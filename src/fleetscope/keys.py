@@ -172,7 +172,8 @@ def engine_keys(
 def tail_engines(stats: PollStats, metrics: Iterable[str] = HEADLINE_METRICS) -> list[str]:
     """The engines at the min and max of each headline metric, per role (stable order).
 
-    Tails are taken within each role (docs/rules.md §3.6): a prefill engine's generation rate is ~0 by
+    Tails are taken within each role (docs/rules.md §3.6): a prefill engine's generation rate
+    is ~0 by
     design and must not hide the slowest decode engine. The fleet-wide min and max of a
     metric are among the per-role ones.
     """

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fleetscope.keys import KeyOptions, interval_keys, key_prefix, skyrl_interval_keys, summary_prefix
+from fleetscope.keys import (
+    KeyOptions,
+    interval_keys,
+    key_prefix,
+    skyrl_interval_keys,
+    summary_prefix,
+)
 from fleetscope.windows import COMBINED, Accumulator
 
 

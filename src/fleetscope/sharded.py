@@ -196,7 +196,10 @@ class ShardedSource:
     async def scrape(self) -> list[ScrapeResult]:
         await self._send_changes()
         replies = await asyncio.gather(
-            *(asyncio.wait_for(_ref(s.poll.remote()), self.config.timeout * 4) for s in self.shards),
+            *(
+                asyncio.wait_for(_ref(s.poll.remote()), self.config.timeout * 4)
+                for s in self.shards
+            ),
             return_exceptions=True,
         )
         received = time.monotonic()

@@ -1,4 +1,5 @@
-"""Windows and the run summary (docs/rules.md §3.8): exact sums of per-engine deltas over named intervals.
+"""Windows and the run summary (docs/rules.md §3.8): exact sums of per-engine deltas over named
+intervals.
 
 Every poll's per-engine deltas are *attributed*: to each active window, and to the run label
 of each active window; deltas that arrive while no window is active go to the ``idle`` label,
@@ -29,9 +30,7 @@ class WindowError(RuntimeError):
     """A window used out of order (pause before start, stop twice, ...)."""
 
 
-def check_action(
-    action: str, label: str, active: Collection[str], paused: Collection[str]
-) -> None:
+def check_action(action: str, label: str, active: Collection[str], paused: Collection[str]) -> None:
     """Raise :class:`WindowError` if ``action`` is not valid for ``label`` given the windows
     ``active`` and ``paused`` now."""
     open_ = label in active or label in paused
@@ -142,6 +141,13 @@ class WindowSet:
             w.acc.engine_leaves(engine, time)
         for acc in self.run.values():
             acc.departed.add(engine)
+
+    def evict(self, engine: str, into: str) -> None:
+        """An engine evicted for silence or churn: its sums fold into ``into`` everywhere."""
+        for w in [*self.active.values(), *self.paused.values()]:
+            w.acc.evict(engine, into)
+        for acc in self.run.values():
+            acc.evict(engine, into)
 
     # ------------------------------------------------------------------ attribution
 

@@ -43,7 +43,9 @@ class _Worker:
         self._cv = threading.Condition()
         self._idle = threading.Event()
         self._idle.set()
-        self._thread = threading.Thread(target=self._run, name=f"fleetscope-sink-{name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"fleetscope-sink-{name}", daemon=True
+        )
         self._thread.start()
 
     def put(self, fn: Callable[..., Any], *args: Any, droppable: bool = False) -> bool:

@@ -147,9 +147,7 @@ class TerminalSink:
         self.summary: dict[str, Value] = {}
         self.last_rows: list[EngineRow] = []
 
-    def render(
-        self, result: PollResult, roles: Mapping[str, str | None] | None = None
-    ) -> Any:
+    def render(self, result: PollResult, roles: Mapping[str, str | None] | None = None) -> Any:
         from rich.console import Group
         from rich.table import Table
         from rich.text import Text

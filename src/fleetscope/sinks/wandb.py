@@ -284,7 +284,7 @@ class WandbSink:
                 self.history_run.alert(
                     title=f"fleetscope: {ev.condition} on {ev.subject}",
                     text=ev.message,
-                    level=wandb.AlertLevel.WARN,
+                    level=wandb.AlertLevel.WARN,  # type: ignore[attr-defined]
                     wait_duration=self.alert_interval,
                 )
             except Exception as e:

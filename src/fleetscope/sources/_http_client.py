@@ -21,13 +21,13 @@ class ScrapeError(Exception):
     """A response that is not an exposition (status, content type, size)."""
 
 
-def new_client(
-    headers: Mapping[str, str], verify: bool | str, timeout: float
-) -> httpx.AsyncClient:
+def new_client(headers: Mapping[str, str], verify: bool | str, timeout: float) -> httpx.AsyncClient:
     """A client whose transport keeps one pool (and one warm connection) per endpoint."""
     # concurrency is bounded by the source's semaphore; each endpoint keeps one warm connection
     # so a big fleet does not reconnect (TCP + HTTP setup) every poll
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=300)
+    limits = httpx.Limits(
+        max_connections=None, max_keepalive_connections=None, keepalive_expiry=300
+    )
     # the CA bundle is loaded once here and shared by every endpoint's pool
     ssl_context = httpx.create_ssl_context(verify=verify)
     return httpx.AsyncClient(

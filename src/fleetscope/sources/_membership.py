@@ -120,9 +120,7 @@ class EndpointSet:
                     names.append(e.name)
         return names
 
-    def assign(
-        self, endpoints: Sequence[str | Endpoint]
-    ) -> tuple[list[Endpoint], list[str]]:
+    def assign(self, endpoints: Sequence[str | Endpoint]) -> tuple[list[Endpoint], list[str]]:
         """Make the watched fleet exactly ``endpoints`` (matched by URL; a URL whose role
         changed is removed and added again). Returns ``(added, removed names)``."""
         wanted: dict[str, Endpoint] = {}
@@ -158,5 +156,6 @@ class EndpointSet:
     def set_role(self, name: str, role: Role) -> None:
         """A watched endpoint's discovered role."""
         with self._lock:
-            self._endpoints = [replace(e, role=role) if e.name == name else e for e in self._endpoints]
-
+            self._endpoints = [
+                replace(e, role=role) if e.name == name else e for e in self._endpoints
+            ]

@@ -263,9 +263,7 @@ class HttpSource:
 
     async def _fetch(self, ep: Endpoint) -> bytes:
         client = await self._ensure_client()
-        return await get_capped(
-            client, ep.metrics_url, headers=ep.headers, cap=self.max_body_bytes
-        )
+        return await get_capped(client, ep.metrics_url, headers=ep.headers, cap=self.max_body_bytes)
 
     # ------------------------------------------------------------------ side requests
 
@@ -313,7 +311,10 @@ class HttpSource:
         if side.want_models:
             try:
                 data = await get_json(
-                    client, ep.base_url + "/v1/models", headers=ep.headers, deadline=self.side_timeout
+                    client,
+                    ep.base_url + "/v1/models",
+                    headers=ep.headers,
+                    deadline=self.side_timeout,
                 )
                 models = data.get("data", []) if isinstance(data, dict) else []
                 lens = [m.get("max_model_len") for m in models if isinstance(m, dict)]

@@ -37,7 +37,6 @@ from fleetscope._warn import RateLimitedWarner
 from fleetscope.catalog import RAY_PREFIXES
 from fleetscope.exposition import Exposition
 from fleetscope.identity import EngineId, Role
-from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.snapshot import (
     CounterSeries,
     EngineLayout,
@@ -45,6 +44,7 @@ from fleetscope.snapshot import (
     GaugeSeries,
     HistogramSeries,
 )
+from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http import Endpoint, HttpSource
 
 log = logging.getLogger("fleetscope")
@@ -666,4 +666,3 @@ def _ray_nodes() -> list[dict[str, Any]]:
     import ray
 
     return ray.nodes()
-

@@ -23,7 +23,6 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
 
 import numpy as np
 
@@ -32,7 +31,6 @@ from fleetscope.catalog import (
     DEFAULT_LOGGED_PREFIXES,
     RATIOS,
     SPREAD_METRICS,
-    RatioSpec,
     gauge_metric_name,
     kv_capacity_tokens,
     label_suffix,
@@ -643,9 +641,8 @@ def _reduce_scope(
                 m[stat] = float(v)
         if name in SPREAD_METRICS and not math.isnan(res["cv"][j]):
             m["cv"] = float(res["cv"][j])
-        if kinds.get(name) == "ratio":
-            if not math.isnan(pooled[j]):
-                m["pooled"] = float(pooled[j] + ratio_offset(name))
+        if kinds.get(name) == "ratio" and not math.isnan(pooled[j]):
+            m["pooled"] = float(pooled[j] + ratio_offset(name))
         if m:
             metrics.setdefault(name, {}).update(m)
     for name, pooled_parts in hist_sums.items():
