@@ -364,6 +364,21 @@ def test_mixed_fleet_ttft_quantiles_pool_on_shared_bounds_and_counters_are_exact
     want = [total(v_after, "vllm:num_requests_running", e) for e in "01"] + [3.0, 3.0, 3.0]
     assert running["sum"] == sum(want)
     assert res.stats.scopes["agg"].engines == 5
+    # the prefix-cache hit rate pools vLLM's hits/queries with SGLang's cached/prompt tokens
+    num = den = 0.0
+    for e in "01":
+        num += total(v_after, "vllm:prefix_cache_hits_total", e)
+        num -= total(v_idle, "vllm:prefix_cache_hits_total", e)
+        den += total(v_after, "vllm:prefix_cache_queries_total", e)
+        den -= total(v_idle, "vllm:prefix_cache_queries_total", e)
+    for idle, after in ((s_idle, s_after), (d_idle, d_after)):
+        num += total(after, "sglang:cached_tokens_total") - total(
+            idle, "sglang:cached_tokens_total"
+        )
+        den += total(after, "sglang:prompt_tokens_total") - total(
+            idle, "sglang:prompt_tokens_total"
+        )
+    assert agg["prefix_cache_hit_rate"]["pooled"] == pytest.approx(num / den, rel=1e-12)
 
 
 def test_sglang_prefix_cache_hit_rate():
