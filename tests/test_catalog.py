@@ -158,3 +158,14 @@ def test_every_family_in_the_recorded_bodies_is_mapped_or_passed_through(path):
             # a mapped family is never also kept under its exposed name (unless superseded and
             # kept on purpose: sglang:token_usage next to full_token_usage)
             assert b not in parsed or b in catalog.KEEP_OWN_NAME
+
+
+def test_sglang_body_labels_are_in_the_table():
+    truth = json.loads((DATA / "sglang-0.5.23" / "truth.json").read_text())
+    for case in truth.values():
+        for kind in ("counters", "gauges", "histograms"):
+            for s in case[kind]:
+                typ = {"counters": "counter", "gauges": "gauge", "histograms": "histogram"}[kind]
+                f = FAMILY_BY_NAME[base(s["name"], typ)]
+                # `pid`: added by prometheus_client's multiprocess mode to mode-"all" gauges
+                assert set(s["labels"]) - {"pid"} <= set(f.labels.split()), (s["name"], s["labels"])

@@ -416,3 +416,20 @@ def test_pd_fleet_scopes_come_from_the_bodies():
     )
     assert {"prefill", "decode"} <= set(res.stats.scopes)
     assert res.stats.scopes["prefill"].engines == 1 and res.stats.scopes["decode"].engines == 1
+
+
+def test_dp_attention_ranks_dedupe_per_replica():
+    # DP attention: tp ranks 0-1 serve replica 0, tp ranks 2-3 replica 1; every rank logs
+    lines = ["# HELP sglang:num_running_reqs r", "# TYPE sglang:num_running_reqs gauge"]
+    for tp, dp, v in ((0, 0, 3), (1, 0, 3), (2, 1, 5), (3, 1, 5)):
+        lines.append(
+            f'sglang:num_running_reqs{{dp_rank="{dp}",engine_type="decode",model_name="m",'
+            f'moe_ep_rank="0",pp_rank="0",tp_rank="{tp}"}} {v}.0'
+        )
+    lines += ["# HELP sglang:prompt_tokens_total p", "# TYPE sglang:prompt_tokens_total counter"]
+    lines.append('sglang:prompt_tokens_total{engine_type="decode",model_name="m"} 7.0')
+    expo = parse("\n".join(lines) + "\n")
+    assert expo["0"].value("vllm:num_requests_running") == 3
+    assert expo["1"].value("vllm:num_requests_running") == 5
+    assert expo.endpoint.value("vllm:prompt_tokens_total") == 7
+    assert expo.engine_roles == {"0": "decode", "1": "decode"}
