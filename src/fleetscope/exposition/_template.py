@@ -267,7 +267,7 @@ def build_template(
             continue
         engine_key = ""
         if sg is not None:
-            engine_key = sg.engine_of_line[i]
+            engine_key = sg.engine_of_line.get(i, "")
         elif primary in s.labels:
             engine_key = "/".join(s.labels[k] for k in identity if s.labels.get(k))
         elif len(identity) > 1 and draft.family.startswith(_ENGINE_PREFIXES):
