@@ -433,3 +433,41 @@ def test_dp_attention_ranks_dedupe_per_replica():
     assert expo["1"].value("vllm:num_requests_running") == 5
     assert expo.endpoint.value("vllm:prompt_tokens_total") == 7
     assert expo.engine_roles == {"0": "decode", "1": "decode"}
+
+
+def test_sglang_inter_token_latency_never_shares_a_key_with_vllms() -> None:
+    """SGLang's ITL ``_count`` counts every token of a streamed chunk, vLLM's one per step:
+    in a mixed fleet they are two metrics, never pooled under one key."""
+    from pathlib import Path
+
+    from fleetscope.fleet import FleetState
+    from fleetscope.sources.base import ScrapeResult
+
+    data = Path(__file__).parent / "data"
+    bodies = {
+        "vl": (
+            data / "fixtures/vllm-0.32.0-cpu/single_load.prom",
+            data / "fixtures/vllm-0.32.0-cpu/single_after.prom",
+        ),
+        "sg": (data / "sglang-0.5.23/single_idle.prom", data / "sglang-0.5.23/single_after.prom"),
+    }
+    state = FleetState()
+    parsers = {n: Parser() for n in bodies}
+    for i in range(2):
+        scrapes = [
+            ScrapeResult(
+                n,
+                parsers[n].parse(paths[i].read_text(), time=10.0 * i, wall_time=1e9 + 10 * i),
+                10.0 * i,
+                1e9 + 10 * i,
+            )
+            for n, paths in bodies.items()
+        ]
+        poll = state.observe(scrapes)
+    assert "sglang_inter_token_latency_seconds_count" in poll.stats.columns
+    vl = poll.stats.engine("vl.0")
+    sg = poll.stats.engine("sg.0")
+    assert (
+        "inter_token_latency_seconds_count" in vl and "inter_token_latency_seconds_count" not in sg
+    )
+    assert "sglang_inter_token_latency_seconds_count" in sg

@@ -944,6 +944,11 @@ SGLANG_ROLES: dict[str, str] = {"prefill": "prefill", "decode": "decode"}
 SGLANG_SHARED_DP_LABELS: frozenset[str] = frozenset({"cache_type", "storage_backend"})
 
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+#: every vLLM family name (base names, without ``_total``): another engine's family whose
+#: name without its prefix is one of these keeps its prefix in keys unless it is mapped
+VLLM_FAMILY_NAMES: frozenset[str] = frozenset(
+    f.name.removesuffix("_total") for f in FAMILIES if f.engine == "vllm"
+)
 # Family base name -> the vLLM 0.32 name it is parsed as (renames and SGLang equivalents).
 RENAMES: dict[str, str] = {
     f.name: f.canonical for f in FAMILIES if f.canonical is not None and f.canonical != f.name
