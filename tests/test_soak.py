@@ -227,6 +227,7 @@ class Soak:
     watched: set[str] = field(default_factory=set)  # endpoints the collector scrapes
     invalid_seen: list[float] = field(default_factory=list)  # invalid_series, per poll
     invalid_expected: list[float] = field(default_factory=list)
+    churny_baselines: list[int] = field(default_factory=list)
 
     def ok_engines(self) -> set[str]:
         out = set()
@@ -275,6 +276,10 @@ class Soak:
 
 
 async def run_soak() -> tuple[Soak, dict, list[int], list[int]]:
+    # the simulated wall clock starts now and runs 1 s per poll, ahead of the real one: a
+    # process (re)started by the test shows a start time after our previous poll, which is the
+    # collector's evidence of a late start (fleet.py: ``start > previous poll + clock skew``);
+    # a restarted process' observed life (wall - start, clamped at 0) is then 0: coverage < 1
     fleet = SimFleet(seed=11, wall_start=time.time(), record_observations=False)
     fleet.add_endpoint(role=None, dp=1)  # server0: single-process, whole-server restart
     fleet.add_endpoint(role="prefill", dp=2)  # prefill0: multiprocess, one engine restarts
@@ -379,6 +384,13 @@ async def run_soak() -> tuple[Soak, dict, list[int], list[int]]:
                 await s.tick()
                 if i % 10 == 0:
                     sizes.append(len(json.dumps(c.state_dict())))
+                    s.churny_baselines.append(
+                        sum(
+                            1
+                            for e in c.state.baselines.engines()
+                            if getattr(e, "endpoint", 0) == "churny"
+                        )
+                    )
                 if i in (9, 49):
                     gc.collect()
                     mem.append(fleetscope_bytes(tracemalloc.take_snapshot()))
@@ -447,6 +459,12 @@ async def test_soak_windows_and_run_labels_equal_ground_truth_per_engine() -> No
     assert s.polls > 220
     o = s.oracle
     assert o.unseen["decode1.0"] > 0  # the kill -9 really lost work
+    # every fault really happened inside its window, with real load around it
+    for name, eid in (("eval#1", "late0.0"), ("train#2", "server0.0"), ("train#2b", "server0.0"),
+                      ("train#2", "prefill0.1"), ("eval#2", "decode1.0"), ("train#1", "decode0.1"),
+                      ("idle", "hostile.0")):  # fmt: skip
+        target = f"run:{name}" if name == "idle" else name
+        assert o.sums[(target, eid)][GEN] > 0, (name, eid)
     # window instances (train#2 is two active spans of one window: train#2 and train#2b)
     wins = {"train#1": ["train#1"], "eval#1": ["eval#1"], "train#2": ["train#2", "train#2b"],
             "eval#2": ["eval#2"], "eval#3": ["eval#3"]}  # fmt: skip
@@ -458,7 +476,10 @@ async def test_soak_windows_and_run_labels_equal_ground_truth_per_engine() -> No
             for p in parts:
                 for f, v in o.sums.get((p, eid), {}).items():
                     want[f] += v
-            got = engine_totals(acc.engines[eid]) if eid in acc.engines else want
+            if eid not in acc.engines:  # not watched during that window: nothing expected
+                assert not any(want.values()), (name, eid)
+                continue
+            got = engine_totals(acc.engines[eid])
             # exact for every engine: covered (coverage 1.0) or not (a restart: the new
             # process' counts from 0 are exact; only the kill -9 tail is missing, and the
             # oracle leaves it out too)
@@ -490,8 +511,8 @@ async def test_soak_windows_and_run_labels_equal_ground_truth_per_engine() -> No
 async def test_soak_coverage_is_below_one_exactly_where_counts_were_unobservable() -> None:
     s, summary, _, _ = await soak()
     k = s.keys
-    # nothing lost: a failed scrape and NaN samples inside (train#1), a late server whose
-    # process started after it joined (eval#1), nothing at all (eval#3)
+    # nothing lost: a failed scrape and NaN samples inside (train#1), nothing at all (eval#3);
+    # a late server whose process started after it joined (eval#1): see the xfail test below
     assert k["train#1"]["inference/train/coverage"] == 1.0
     assert k["train#1"]["inference/train/failed_scrapes"] == 1
     assert k["eval#3"]["inference/eval/coverage"] == 1.0
@@ -534,8 +555,13 @@ async def test_soak_bad_samples_are_left_out_and_memory_stays_bounded() -> None:
     assert sum(s.invalid_seen) == 2 * 4 + 5
     assert summary["inference_summary/combined/agg/generation_tokens_total/delta"] > 0
     # churn: baselines per endpoint bounded, state_dict and traced memory stop growing
-    churny = [e for e in s.c.state.baselines.engines() if getattr(e, "endpoint", "") == "churny"]
-    assert len(churny) <= 4
+    per_endpoint: dict[str, int] = defaultdict(int)
+    for e in s.c.state.baselines.engines():
+        if getattr(e, "label", None) is not None:
+            per_endpoint[e.endpoint] += 1
+    assert "churny" not in per_endpoint  # removed: its baselines dropped
+    assert max(per_endpoint.values()) <= 2  # the real engines (dp <= 2)
+    assert s.churny_baselines and max(s.churny_baselines) <= 4  # while it churned
     rows = [e for e in s.c.windows.run["combined"].engines if str(e).startswith("churny")]
     assert len(rows) <= 5 and EngineId("churny", "evicted") in rows
     assert s.churn.n >= 50  # labels really churned: one new engine per scrape
