@@ -24,13 +24,15 @@ from fleetscope.config import CollectorConfig
 from fleetscope.fleet import FleetState
 from fleetscope.health import HealthMonitor, health_keys
 from fleetscope.identity import EngineId
-from fleetscope.keys import key_prefix
+from fleetscope.keys import key_prefix, summary_prefix
 from fleetscope.report import accumulator_keys, summary_keys
 from fleetscope.sinks.base import Sink
 from fleetscope.sinks.fanout import SinkFanout
 from fleetscope.sources.base import MembershipSource, ModelInfoSource, ScrapeResult, Source
 from fleetscope.sources.http import Endpoint, HttpSource
+from fleetscope.versions import WEIGHT_INFO_DEADLINE, PolicyVersions, WeightSyncs
 from fleetscope.view import EngineLoad, FleetView, build_view
+from fleetscope.weight_sync import WeightSyncHandle
 from fleetscope.windows import WindowError, WindowSet
 
 __all__ = ["Collector", "EngineLoad", "FleetView", "WindowError", "WindowHandle"]
@@ -79,6 +81,10 @@ class Collector:
         self.last: FleetView | None = None
         self._prefix = key_prefix(cfg.key_options)
         self._ledger = BoundaryLedger()
+        # RL: the trainer's policy versions, what endpoints serve, weight syncs (versions.py)
+        self.versions = PolicyVersions(stale_seconds=cfg.health_thresholds.stale_seconds)
+        self.syncs = WeightSyncs()
+        self._version_client: Any = None
         # the statistics (state, windows, health) change in one worker thread, under this lock;
         # summary() and state_dict() read them under it, from any thread
         self._lock = threading.RLock()
@@ -158,6 +164,10 @@ class Collector:
                 await asyncio.wait_for(self._finish(status or "success"), timeout=timeout)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.source.aclose(), timeout=5)
+        if self._version_client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._version_client.aclose(), timeout=5)
+            self._version_client = None
         if not self._closed:
             self._closed = True
             loop = asyncio.get_running_loop()
@@ -244,6 +254,7 @@ class Collector:
                     keys.update(
                         accumulator_keys(w.acc, label, self.state.key_options, summary=False)
                     )
+                    keys.update(self.versions.window_keys(label, self._prefix))
             return keys
 
         await self._poll(at_boundary)
@@ -255,7 +266,56 @@ class Collector:
         self, action: str, label: str, now: float, times: Mapping[EngineId, float]
     ) -> Any:
         with self._lock:
-            return getattr(self.windows, action)(label, now, times)
+            w = getattr(self.windows, action)(label, now, times)
+            self.versions.window_action(action, label)
+            return w
+
+    # ------------------------------------------------------------------ RL lifecycle
+
+    def set_policy_version(self, version: str) -> None:
+        """The trainer's policy is now ``version`` (any thread): from the next poll on, each
+        endpoint's ``/weight_info`` is compared with it (docs/rl-lifecycle.md)."""
+        self.versions.announce(version)
+
+    def weight_sync(self, version: str) -> WeightSyncHandle:
+        """Bracket a weight sync: ``with``/``async with``; a poll at entry and exit, then
+        ``version`` is the policy version (docs/rl-lifecycle.md)."""
+        return WeightSyncHandle(self, version)
+
+    async def _sync_boundary(
+        self, action: str, handle: WeightSyncHandle, *, ok: bool = True
+    ) -> dict[str, float]:
+        if action == "exit" and ok:
+            self.versions.announce(handle.version)
+        keys: dict[str, float] = {}
+
+        async def at_boundary(view: FleetView) -> Mapping[str, float]:
+            t = view.result.time
+            if action == "enter":
+                await self._in_stats(self.syncs.enter, handle.token, handle.version, t)
+            else:
+                keys.update(await self._in_stats(self._sync_exit, handle.token, t, ok))
+            return keys
+
+        await self._poll(at_boundary)
+        return keys
+
+    def _sync_exit(self, token: int, now: float, ok: bool) -> dict[str, float]:
+        return self.syncs.exit(token, now, self._prefix, ok=ok)
+
+    async def _version_probes(self) -> list[asyncio.Task[None]]:
+        """This poll's ``/weight_info`` requests (none until a policy version is set)."""
+        if not self.versions.active or not self.endpoints:
+            return []
+        if self._version_client is None:
+            from fleetscope.sources._http_client import new_client
+
+            # off the loop: with TLS verification httpx loads the CA bundle synchronously
+            self._version_client = await asyncio.get_running_loop().run_in_executor(
+                None, new_client, dict(self.config.headers), self.config.verify, self.timeout
+            )
+        deadline = min(self.timeout, WEIGHT_INFO_DEADLINE)
+        return self.versions.probe(self._version_client, self.endpoints, deadline=deadline)
 
     # ------------------------------------------------------------------ summary and state
 
@@ -263,7 +323,11 @@ class Collector:
         """The run summary: per run label (each window label, ``idle`` between windows, and
         ``combined`` = the whole run), exact totals, rates, pooled means and quantiles."""
         with self._lock:
-            return summary_keys(self.windows.run, self.state.key_options, self.run_status)
+            out = summary_keys(self.windows.run, self.state.key_options, self.run_status)
+            sp = summary_prefix(self.state.key_options)
+            out.update(self.versions.summary_keys(sp))
+            out.update(self.syncs.summary_keys(sp))
+            return out
 
     async def asummary(self) -> dict[str, float | str]:
         """:meth:`summary` without blocking the event loop."""
@@ -356,7 +420,11 @@ class Collector:
             self._poll_lock = asyncio.Lock()
         async with self._poll_lock:
             t0 = time.monotonic()
+            probes = await self._version_probes()  # concurrent with the scrape, within its deadline
             scrapes = await self.source.scrape()
+            if probes:
+                left = max(0.0, t0 + self.timeout - time.monotonic())
+                await asyncio.wait(probes, timeout=left)
             view = await self._in_stats(self._process, scrapes)
             self.last = view
             result = view.result
@@ -388,6 +456,12 @@ class Collector:
             )
             roles: dict[str, str | None] = {k: v for k, v in self.state.engine_role.items()}
             result.events = self.health.evaluate(result, roles)
+            vkeys, vevents = self.versions.poll(
+                result.inputs, result.time, self._prefix, list(self.windows.active)
+            )
+            self.syncs.poll(result.inputs)
+            result.keys.update(vkeys)
+            result.events.extend(vevents)
             result.keys.update(health_keys(result.events, self._prefix))
             for ev in result.events:
                 if ev.condition != "scrape_failed":  # the source already warned, naming it
@@ -412,6 +486,7 @@ class Collector:
                 if d.time is not None:
                     self.windows.endpoint_leaves(d.endpoint, d.time)
                 self.state.forget_endpoint(d.endpoint)
+                self.versions.forget_endpoint(d.endpoint)
                 log.info("fleetscope: %s removed from the fleet", d.endpoint)
             if d.engine is not None:
                 last = self.state.baselines.last(d.engine)
