@@ -364,3 +364,29 @@ async def test_a_pause_across_a_window_boundary() -> None:
         t0.values()
     )
     assert t1["server1"] > t0["server1"]  # it generated again after the resume
+
+
+async def test_a_boundary_row_holds_the_stale_share_for_the_next_regular_row() -> None:
+    async with rig() as r:
+        r.set_version("v0")
+        c = r.collector()
+        await c.poll()
+        c.set_policy_version("v0")
+        c.set_policy_version("v1")
+        r.set_version("v1", "server0", "server1")  # server2 stays on v0
+        await step_and_poll(r, c)
+        g0 = r.gens()
+        r.fleet.step(1.0)
+        train = c.window("train")
+        await train.astart()  # a boundary poll
+        assert c.last is not None
+        row = c.last.result.keys
+        assert row["inference/rl/engines_stale"] == 1  # instant keys are shown
+        assert "inference/rl/stale_generation_share" not in row  # increases are held
+        view = await step_and_poll(r, c)
+        g1 = r.gens()
+        await train.astop()
+        await c.stop()
+    stale, total = g1["server2"] - g0["server2"], sum(g1.values()) - sum(g0.values())
+    assert view.keys["inference/rl/stale_generation_tokens"] == stale
+    assert view.keys["inference/rl/stale_generation_share"] == stale / total

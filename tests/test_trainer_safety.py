@@ -17,6 +17,7 @@ import pytest
 from fleetscope.collector import Collector
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
+from fleetscope.sources.http import Endpoint
 
 BODY = (
     "# TYPE vllm:generation_tokens_total counter\n"
@@ -70,12 +71,14 @@ def hostile(trickle: dict[str, float]) -> Iterator[str]:
 
 
 @contextmanager
-def healthy_fleet(n: int = 1) -> Iterator[tuple[SimFleet, FleetServer]]:
+def healthy_fleet(
+    n: int = 1, step_interval: float | None = 0.2
+) -> Iterator[tuple[SimFleet, FleetServer]]:
     fleet = SimFleet(seed=5)
     for _ in range(n):
         fleet.add_endpoint(dp=1)
     fleet.step(2.0)
-    with FleetServer(fleet, step_interval=0.2) as server:
+    with FleetServer(fleet, step_interval=step_interval) as server:
         yield fleet, server
 
 
@@ -218,3 +221,75 @@ async def test_overload_is_counted_and_warned(caplog: pytest.LogCaptureFixture) 
                 await asyncio.sleep(0.05)
     assert seen and seen[-1] > 0
     assert any("tick(s) skipped" in r.getMessage() for r in caplog.records)
+
+
+class Churning:
+    """A loopback server whose engine label changes every scrape."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                owner.n += 1
+                body = (
+                    "# TYPE vllm:generation_tokens_total counter\n"
+                    f'vllm:generation_tokens_total{{engine="{owner.n}"}} {owner.n}.0\n'
+                    "# TYPE vllm:num_requests_running gauge\n"
+                    f'vllm:num_requests_running{{engine="{owner.n}"}} 1.0\n'
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+async def test_churning_engine_labels_stay_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    """An engine label that changes every scrape grew baselines, run sums, the view and
+    ``state_dict`` by one engine per poll forever, silently. Now: at most the bound, a warning
+    naming the endpoint, the evicted engines' sums folded into one row, the healthy server
+    exact."""
+    import json
+
+    churn = Churning()
+    with healthy_fleet(step_interval=None) as (fleet, server):  # frozen between steps
+        c = Collector(
+            [Endpoint(churn.url, name="churny"), *server.urls],
+            interval=3600,
+            max_engines_per_endpoint=4,
+        )
+        try:
+            await c.poll()
+            t0 = fleet.endpoint("server0").truth_total("vllm:generation_tokens_total")
+            sizes = []
+            for _ in range(40):
+                fleet.step(0.5)
+                view = await c.poll()
+                sizes.append(len(json.dumps(c.state_dict())))
+            t1 = fleet.endpoint("server0").truth_total("vllm:generation_tokens_total")
+        finally:
+            await c.stop()
+        churn.server.shutdown()
+    churny = [e for e in c.state.baselines.engines() if e.endpoint == "churny"]
+    assert len(churny) <= 4
+    assert len([e for e in view.engines if e.startswith("churny.")]) <= 4
+    assert sizes[-1] < 2 * sizes[10]  # state_dict stops growing
+    assert any("churny" in r.getMessage() and "churn" in r.getMessage() for r in caplog.records)
+    s = c.summary()
+    rows = {str(e) for e in c.windows.run["combined"].engines if e.startswith("churny")}
+    assert "churny.evicted" in rows and len(rows) <= 5
+    healthy = s["inference_summary/combined/agg/generation_tokens_total/delta"]
+    assert healthy == t1 - t0  # the healthy server exact; churny never showed an increase

@@ -193,13 +193,17 @@ async def test_fault_inside_window_keeps_totals_exact(fault: str) -> None:
             want = diff(want, unseen)  # all of it but what no scrape could ever see
         assert window_totals(keys, "inference/train", scope) == want, scope
     # a failed scrape in the middle costs no coverage: the next success spans the gap exactly;
-    # a reset restarts its series from 0 and voids nothing
-    assert keys["inference/train/coverage"] == 1.0
+    # a reset restarts its series from 0 and voids nothing, but what the old process counted
+    # after its last scrape was never observed: coverage says so (docs/bad-data.md §7)
     restarts = keys["inference/train/engine_restarts"]
     if fault == "http_error":
+        assert keys["inference/train/coverage"] == 1.0
+        assert keys["inference/train/restarts_unseen_tail"] == 0
         assert keys["inference/train/failed_scrapes"] == 1
         assert restarts == 0
     else:
+        assert keys["inference/train/coverage"] < 1.0
+        assert keys["inference/train/restarts_unseen_tail"] >= restarts
         assert keys["inference/train/failed_scrapes"] == 0
         # engines of the restarted server (and the server's own series for a whole restart)
         # engines only, as `engine_restarts_total` counts them (not the server's own row)
@@ -585,3 +589,81 @@ async def test_disaggregated_tails_are_role_aware() -> None:
     assert sick[f"inference/prefill/{gen}/min"] == min(rates(sick, "prefill").values())
     # the sum still covers every engine, prefill included
     assert sick[f"inference/agg/{gen}/sum"] == pytest.approx(sum(rates(sick).values()))
+
+
+async def test_boundary_rows_show_no_rates_over_a_sliver(tmp_path) -> None:
+    """A boundary scrape a moment after the regular poll made every chart dip (a rate over a
+    fraction of a second: 0 tok/s, and 2x in the row before). The boundary row carries the
+    window keys and instant values only; the next regular row shows the increase and the
+    rate over the whole interval since the previous regular poll, exactly."""
+    from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
+
+    path = tmp_path / "rows.jsonl"
+    async with rig() as r:
+        c = r.collector(sinks=[JsonlSink(path)])
+        await c.poll()
+        r.fleet.step(1.0)
+        before = r.truth_all()
+        await c.poll()  # regular
+        train = c.window("train")
+        await train.astart()  # the boundary, right after it, with no new tokens
+        r.fleet.step(2.0)
+        view = await c.poll()  # regular: the increase since the previous regular poll
+        after = r.truth_all()
+        await train.astop()
+        await c.stop()
+    polls, _ = read_jsonl(path)
+    boundary = polls[2]["metrics"]
+    assert "inference/agg/generation_tokens_total:rate/sum" not in boundary
+    assert "inference/agg/generation_tokens_total/delta" not in boundary
+    assert "inference/agg/num_requests_running/sum" in boundary  # instant values stay
+    want = diff(after["agg"], before["agg"])["generation_tokens_total"]
+    assert view.keys["inference/agg/generation_tokens_total/delta"] == want
+    # the rate divides by each engine's seconds since the previous *regular* poll
+    stats = view.result.stats
+    shown = stats.seconds[stats.is_engine]
+    raw = [i.delta.seconds for i in view.result.inputs if i.is_engine]
+    assert all(s > r for s, r in zip(shown, raw, strict=True))
+    assert view.keys["inference/agg/generation_tokens_total:rate/sum"] > 0
+
+
+async def test_a_window_open_at_checkpoint_keeps_its_first_part(tmp_path) -> None:
+    """``state_dict()`` while a window is open, ``load_state_dict()`` into a new collector:
+    the window goes on and its totals are the pre-checkpoint part plus what follows (the
+    pre-checkpoint part was lost)."""
+    import json
+
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()
+        train = c.window("train")
+        await train.astart()
+        t0 = r.truth_all()
+        r.fleet.step(1.0)
+        await c.poll()
+        t1 = r.truth_all()
+        saved = json.loads(json.dumps(c.state_dict()))  # plain data
+        await c.stop()
+
+        c2 = r.collector()
+        c2.load_state_dict(saved)
+        await c2.poll()  # fresh baselines: what happened in between is not counted
+        t2 = r.truth_all()
+        r.fleet.step(1.0)
+        await c2.poll()
+        keys = await c2.window("train").astop()
+        t3 = r.truth_all()
+        await c2.stop()
+    for scope in SCOPES:
+        want = {k: (t1[scope][k] - t0[scope][k]) + (t3[scope][k] - t2[scope][k]) for k in t0[scope]}
+        assert window_totals(keys, "inference/train", scope) == want, scope
+
+
+def test_a_boundary_at_clock_zero_counts() -> None:
+    """``now - (resumed_at or now)`` read a resume at clock 0.0 as no resume at all."""
+    from fleetscope.windows import WindowSet
+
+    ws = WindowSet()
+    ws.start("train", 0.0)
+    w = ws.stop("train", 5.0)
+    assert w.acc.active_seconds == 5.0

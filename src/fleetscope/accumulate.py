@@ -20,105 +20,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fleetscope.catalog import gauge_metric_name
-from fleetscope.identity import EngineId, Role
-from fleetscope.snapshot import (
-    CounterSeries,
-    EngineLayout,
-    EngineSnapshot,
-    GaugeSeries,
-    HistogramSeries,
+from fleetscope._engine_sum import _combine, _copy, _EngineSum
+from fleetscope._persist import (
+    _id_json,
+    engine_from_data,
+    engine_to_data,
+    layout_from_data,
+    layout_to_data,
 )
+from fleetscope.catalog import gauge_metric_name
+from fleetscope.identity import EngineId
+from fleetscope.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.reduce import EngineInput, PollStats, metric_name, plan_for, reduce_poll
 
-
-@dataclass
-class _EngineSum:
-    layout: EngineLayout
-    current: EngineSnapshot
-    delta: np.ndarray  # summed per-slot increases (NaN: unknown for this window)
-    covered: float = 0.0  # engine-seconds with deltas whose counts were observed
-    spanned: float = 0.0  # engine-seconds the deltas spanned
-    gauge_area: np.ndarray | None = None  # sum of value * seconds per slot (gauges)
-    gauge_seconds: np.ndarray | None = None
-    gauge_peak: np.ndarray | None = None
-    role: Role | None = None
-    groups: tuple[str, ...] = ()
-    is_engine: bool = True
-    restarts: int = 0
-    # sums of series missing from the current layout, by slot id: (delta, gauge area, gauge
-    # seconds, gauge peak). A series that blinks out (after a restart, multiprocess-mode gauges
-    # and lazily created children are absent until first used) keeps what it summed so far
-    # and gets it back when it returns.
-    retired: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
-
-    def realign(self, layout: EngineLayout) -> None:
-        """Carry sums over to a new layout of the same engine (series come and go)."""
-        if layout is self.layout:
-            return
-        old = self.layout.index
-        new = layout.index
-        for sid, i in old.items():
-            if sid not in new:
-                self._retire(sid, i)
-        idx = np.array([old.get(s, -1) for s in layout.slot_ids], dtype=np.intp)
-        have = idx >= 0
-
-        def move(arr: np.ndarray, fill: float) -> np.ndarray:
-            out = np.full(len(layout.slot_ids), fill)
-            out[have] = arr[idx[have]]
-            return out
-
-        self.delta = move(self.delta, 0.0)  # a new series had nothing before it appeared
-        if self.gauge_area is not None:
-            assert self.gauge_seconds is not None and self.gauge_peak is not None
-            self.gauge_area = move(self.gauge_area, 0.0)
-            self.gauge_seconds = move(self.gauge_seconds, 0.0)
-            self.gauge_peak = move(self.gauge_peak, np.nan)
-        self.layout = layout
-        for sid in [sid for sid in self.retired if sid in new]:
-            self._restore(sid, new[sid])
-
-    def _retire(self, sid: str, i: int) -> None:
-        def at(arr: np.ndarray | None, fill: float) -> float:
-            return fill if arr is None else float(arr[i])
-
-        vals = (
-            at(self.delta, 0.0),
-            at(self.gauge_area, 0.0),
-            at(self.gauge_seconds, 0.0),
-            at(self.gauge_peak, math.nan),
-        )
-        if vals[0] == 0 and vals[1] == 0 and vals[2] == 0 and math.isnan(vals[3]):
-            return  # nothing summed: nothing to keep
-        self.retired[sid] = _combine(self.retired.get(sid), vals)
-
-    def _restore(self, sid: str, j: int) -> None:
-        d, area, secs, peak = self.retired.pop(sid)
-        self.delta[j] += d
-        if area or secs or not math.isnan(peak):
-            if self.gauge_area is None:
-                n = len(self.layout.slot_ids)
-                self.gauge_area, self.gauge_seconds = np.zeros(n), np.zeros(n)
-                self.gauge_peak = np.full(n, np.nan)
-            assert self.gauge_seconds is not None and self.gauge_peak is not None
-            self.gauge_area[j] += area
-            self.gauge_seconds[j] += secs
-            self.gauge_peak[j] = np.fmax(self.gauge_peak[j], peak)
-
-
-def _combine(
-    a: tuple[float, float, float, float] | None, b: tuple[float, float, float, float]
-) -> tuple[float, float, float, float]:
-    if a is None:
-        return b
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], float(np.fmax(a[3], b[3])))
+__all__ = ["Accumulator", "layout_from_data", "layout_to_data"]
 
 
 class Accumulator:
@@ -223,27 +143,27 @@ class Accumulator:
             acc = self.engines.get(eid)
             if acc is None:
                 self.engines[eid] = _copy(o)
-                continue
-            acc.realign(o.layout)
-            acc.current = o.current
-            o2 = _copy(o)
-            o2.realign(acc.layout)
-            acc.delta = acc.delta + o2.delta
-            acc.covered += o2.covered
-            acc.spanned += o2.spanned
-            acc.restarts += o2.restarts
-            for sid, vals in o2.retired.items():  # absent from both layouts
-                acc.retired[sid] = _combine(acc.retired.get(sid), vals)
-            if o2.gauge_area is not None:
-                assert o2.gauge_seconds is not None and o2.gauge_peak is not None
-                if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
-                    acc.gauge_area = o2.gauge_area.copy()
-                    acc.gauge_seconds = o2.gauge_seconds.copy()
-                    acc.gauge_peak = o2.gauge_peak.copy()
-                else:
-                    acc.gauge_area += o2.gauge_area
-                    acc.gauge_seconds += o2.gauge_seconds
-                    acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
+            else:
+                _add_sum(acc, o)
+
+    def evict(self, engine: str, into: str) -> None:
+        """Fold an engine's sums into another row (``{endpoint}.evicted``): totals stay
+        exact while the number of rows stays bounded whatever an endpoint's labels do."""
+        o = self.engines.pop(engine, None)
+        if o is None:
+            return
+        dst = self.engines.get(into)
+        if dst is None:
+            self.engines[into] = o
+        else:
+            _add_sum(dst, o)
+        if engine in self.expected:
+            self.expected[into] = self.expected.get(into, 0.0) + self.expected.pop(engine)
+        self._left.discard(engine)
+        self._last_present.discard(engine)
+        self.departed.add(into)
+        if self._open is not None:
+            self._open.pop(engine, None)
 
     # ------------------------------------------------------------------ results
 
@@ -354,26 +274,7 @@ class Accumulator:
         """Plain data (JSON-able): each engine's layout, current values and sums by slot."""
         engines = []
         for eid, a in self.engines.items():
-            engines.append(
-                {
-                    "id": _id_json(eid),
-                    "layout": layout_to_data(a.layout),
-                    "current": _floats(a.current.data),
-                    "time": a.current.time,
-                    "wall_time": a.current.wall_time,
-                    "delta": _floats(a.delta),
-                    "covered": a.covered,
-                    "spanned": a.spanned,
-                    "gauge_area": None if a.gauge_area is None else _floats(a.gauge_area),
-                    "gauge_seconds": None if a.gauge_seconds is None else _floats(a.gauge_seconds),
-                    "gauge_peak": None if a.gauge_peak is None else _floats(a.gauge_peak),
-                    "role": a.role,
-                    "groups": list(a.groups),
-                    "is_engine": a.is_engine,
-                    "restarts": a.restarts,
-                    "retired": {k: [_jsonable(x) for x in v] for k, v in a.retired.items()},
-                }
-            )
+            engines.append(engine_to_data(eid, a))
         return {
             "label": self.label,
             "active_seconds": self.active_seconds,
@@ -395,100 +296,9 @@ class Accumulator:
         acc.restarts_unseen_tail = int(state.get("restarts_unseen_tail", 0))
         acc.expected = {EngineId.from_json(e): float(v) for e, v in state.get("expected", [])}
         for e in state["engines"]:
-            eid = EngineId.from_json(e["id"])
-            lay = layout_from_data(e["layout"])
-            snap = EngineSnapshot(eid, lay, _array(e["current"]), e["time"], e["wall_time"])
-
-            def arr(v: list[float | str] | None) -> np.ndarray | None:
-                return None if v is None else _array(v)
-
-            delta = _array(e["delta"])
-            acc.engines[eid] = _EngineSum(
-                lay,
-                snap,
-                delta,
-                covered=float(e["covered"]),
-                spanned=float(e.get("spanned", e["covered"])),
-                gauge_area=arr(e["gauge_area"]),
-                gauge_seconds=arr(e["gauge_seconds"]),
-                gauge_peak=arr(e["gauge_peak"]),
-                role=e["role"],
-                groups=tuple(e["groups"]),
-                is_engine=bool(e["is_engine"]),
-                restarts=int(e["restarts"]),
-                retired={
-                    k: (_from_json(v[0]), _from_json(v[1]), _from_json(v[2]), _from_json(v[3]))
-                    for k, v in e.get("retired", {}).items()
-                },
-            )
+            eid, engine = engine_from_data(e)
+            acc.engines[eid] = engine
         return acc
-
-
-def layout_to_data(layout: EngineLayout) -> dict[str, Any]:
-    """An engine layout as plain data (its series, slots and info labels)."""
-    return {
-        "slot_ids": list(layout.slot_ids),
-        "counters": [
-            [c.name, [list(x) for x in c.labels], c.slot, c.created] for c in layout.counters
-        ],
-        "gauges": [[g.name, [list(x) for x in g.labels], g.slot] for g in layout.gauges],
-        "histograms": [
-            [
-                h.name,
-                [list(x) for x in h.labels],
-                [_jsonable(b) for b in h.bounds],
-                list(h.buckets),
-                h.sum,
-                h.count,
-                h.created,
-            ]
-            for h in layout.histograms
-        ],
-        "info": {k: dict(v) for k, v in layout.info.items()},
-        "model_name": layout.model_name,
-    }
-
-
-_RESTORED: dict[str, EngineLayout] = {}
-
-
-def layout_from_data(data: Mapping[str, Any]) -> EngineLayout:
-    """The layout :func:`layout_to_data` wrote (one object per distinct layout)."""
-    import json
-
-    key = json.dumps(data, sort_keys=True)
-    cached = _RESTORED.get(key)
-    if cached is not None:
-        return cached
-
-    def labels(v: list[list[str]]) -> tuple[tuple[str, str], ...]:
-        return tuple((str(a), str(b)) for a, b in v)
-
-    layout = EngineLayout(
-        slot_ids=tuple(data["slot_ids"]),
-        counters=tuple(CounterSeries(n, labels(lab), s, c) for n, lab, s, c in data["counters"]),
-        gauges=tuple(GaugeSeries(n, labels(lab), s) for n, lab, s in data["gauges"]),
-        histograms=tuple(
-            HistogramSeries(
-                n, labels(lab), tuple(_from_json(b) for b in bounds), tuple(bk), sm, ct, cr
-            )
-            for n, lab, bounds, bk, sm, ct, cr in data["histograms"]
-        ),
-        info={k: dict(v) for k, v in data["info"].items()},
-        model_name=data.get("model_name"),
-    )
-    if len(_RESTORED) > 1024:
-        _RESTORED.clear()
-    _RESTORED[key] = layout
-    return layout
-
-
-def _floats(arr: np.ndarray) -> list[float | str]:
-    return [_jsonable(float(x)) for x in arr]
-
-
-def _array(values: list[float | str]) -> np.ndarray:
-    return np.array([_from_json(x) for x in values], dtype=float)
 
 
 def _endpoint(engine: str) -> str:
@@ -496,8 +306,28 @@ def _endpoint(engine: str) -> str:
     return engine.endpoint if isinstance(engine, EngineId) else engine
 
 
-def _id_json(engine: str) -> list[str | None]:
-    return engine.to_json() if isinstance(engine, EngineId) else [engine, None]
+def _add_sum(acc: _EngineSum, o: _EngineSum) -> None:
+    """Add ``o``'s sums to ``acc`` (layouts realigned: series come and go)."""
+    acc.realign(o.layout)
+    acc.current = o.current
+    o2 = _copy(o)
+    o2.realign(acc.layout)
+    acc.delta = acc.delta + o2.delta
+    acc.covered += o2.covered
+    acc.spanned += o2.spanned
+    acc.restarts += o2.restarts
+    for sid, vals in o2.retired.items():  # absent from both layouts
+        acc.retired[sid] = _combine(acc.retired.get(sid), vals)
+    if o2.gauge_area is not None:
+        assert o2.gauge_seconds is not None and o2.gauge_peak is not None
+        if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
+            acc.gauge_area = o2.gauge_area.copy()
+            acc.gauge_seconds = o2.gauge_seconds.copy()
+            acc.gauge_peak = o2.gauge_peak.copy()
+        else:
+            acc.gauge_area += o2.gauge_area
+            acc.gauge_seconds += o2.gauge_seconds
+            acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
 
 
 def _nan_or_zero(d: EngineDelta) -> np.ndarray:
@@ -511,38 +341,6 @@ def _nan_or_zero(d: EngineDelta) -> np.ndarray:
 
 def _gauge_slots(layout: EngineLayout) -> np.ndarray:
     return np.array([g.slot for g in layout.gauges], dtype=np.intp)
-
-
-def _copy(a: _EngineSum) -> _EngineSum:
-    return _EngineSum(
-        a.layout,
-        a.current,
-        a.delta.copy(),
-        covered=a.covered,
-        spanned=a.spanned,
-        gauge_area=None if a.gauge_area is None else a.gauge_area.copy(),
-        gauge_seconds=None if a.gauge_seconds is None else a.gauge_seconds.copy(),
-        gauge_peak=None if a.gauge_peak is None else a.gauge_peak.copy(),
-        role=a.role,
-        groups=a.groups,
-        is_engine=a.is_engine,
-        restarts=a.restarts,
-        retired=dict(a.retired),
-    )
-
-
-def _jsonable(v: float) -> float | str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return float(v)
-
-
-def _from_json(v: float | str) -> float:
-    if isinstance(v, str):
-        return {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}[v]
-    return float(v)
 
 
 def _add_peaks(stats: PollStats, acc: Accumulator) -> None:

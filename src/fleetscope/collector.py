@@ -73,7 +73,12 @@ class Collector:
         self.interval = cfg.interval
         self.timeout = cfg.timeout
         self.on_poll = on_poll
-        self.state = FleetState(key_options=cfg.key_options, group_by_model=cfg.group_by_model)
+        self.state = FleetState(
+            key_options=cfg.key_options,
+            group_by_model=cfg.group_by_model,
+            max_engines_per_endpoint=cfg.max_engines_per_endpoint,
+            evict_after=cfg.evict_after,
+        )
         self.windows = WindowSet()
         self.health = HealthMonitor(cfg.health_thresholds)
         self.fanout = SinkFanout(sinks, queue_size=cfg.sink_queue)
@@ -425,7 +430,7 @@ class Collector:
             if probes:
                 left = max(0.0, t0 + self.timeout - time.monotonic())
                 await asyncio.wait(probes, timeout=left)
-            view = await self._in_stats(self._process, scrapes)
+            view = await self._in_stats(self._process, scrapes, before_log is not None)
             self.last = view
             result = view.result
             try:
@@ -442,7 +447,7 @@ class Collector:
                     self._warner.warn("on_poll", f"on_poll callback raised {e!r}")
             return view
 
-    def _process(self, scrapes: list[ScrapeResult]) -> FleetView:
+    def _process(self, scrapes: list[ScrapeResult], boundary: bool = False) -> FleetView:
         """Departures, deltas, reductions, windows, health and the view of one poll (in the
         worker thread, under the statistics lock)."""
         with self._lock:
@@ -450,14 +455,20 @@ class Collector:
             for sc in scrapes:
                 if sc.joined:
                     self.windows.endpoint_joins(sc.endpoint, sc.time)
-            result = self.state.observe(scrapes)
+            result = self.state.observe(scrapes, boundary=boundary)
+            for eid in self.state.take_evicted():
+                self.windows.evict(eid, EngineId(eid.endpoint, "evicted"))
             self.windows.attribute(
                 result.inputs, now=result.time, failed_scrapes=sum(1 for s in scrapes if not s.ok)
             )
             roles: dict[str, str | None] = {k: v for k, v in self.state.engine_role.items()}
             result.events = self.health.evaluate(result, roles)
             vkeys, vevents = self.versions.poll(
-                result.inputs, result.time, self._prefix, list(self.windows.active)
+                result.inputs,
+                result.time,
+                self._prefix,
+                list(self.windows.active),
+                boundary=boundary,
             )
             self.syncs.poll(result.inputs)
             result.keys.update(vkeys)

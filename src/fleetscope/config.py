@@ -34,6 +34,9 @@ class CollectorConfig:
         boundary_timeout: the longest a synchronous window call waits for its boundary poll
             (None: 2 x timeout + 5 s); the boundary still completes, in order, after it.
         close_timeout: the longest ``stop()`` waits for the sinks to close.
+        max_engines_per_endpoint: engines tracked per endpoint (labels that churn past it
+            evict the least recently seen; their sums are kept under ``{endpoint}.evicted``).
+        evict_after: seconds an engine may stay silent before it is evicted (sums kept).
     """
 
     interval: float = 5.0
@@ -51,6 +54,8 @@ class CollectorConfig:
     sink_queue: int = 64
     boundary_timeout: float | None = None
     close_timeout: float = 10.0
+    max_engines_per_endpoint: int = 512
+    evict_after: float = 600.0
 
     def __post_init__(self) -> None:
         if self.interval <= 0:

@@ -9,10 +9,13 @@ the collector logs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.identity import EngineId, Role
@@ -26,6 +29,7 @@ from fleetscope.stats.reduce import (
     EngineInput,
     Partial,
     PollStats,
+    ScopeStats,
     finish_reduce,
     merge_partials,
     partial_reduce,
@@ -63,6 +67,8 @@ class FleetState:
         clock_skew: float = DEFAULT_CLOCK_SKEW,
         prefixes: Sequence[str] | None = None,
         group_by_model: bool = False,
+        max_engines_per_endpoint: int = 512,
+        evict_after: float = 600.0,
     ):
         self.baselines = Baselines()
         # one extra scope per served model (``model:{name}``), for fleets serving several
@@ -78,27 +84,51 @@ class FleetState:
         self.invalid_series_total = 0
         self._invalid_seen: set[tuple[str, str, str]] = set()  # warned once each
         self._invalid_this_poll: dict[str, int] = {}
+        # cardinality: engines per endpoint are bounded, silent ones evicted (sums kept)
+        self.max_engines_per_endpoint = max(1, max_engines_per_endpoint)
+        self.evict_after = evict_after
+        self._last_seen: dict[EngineId, float] = {}
+        self._ever: dict[str, int] = {}  # endpoint -> distinct engine ids seen
+        self._evicted: list[EngineId] = []
+        self._held: dict[str, EngineInput] = {}  # boundary deltas the next regular poll shows
         self.roles: dict[str, Role | None] = {}  # endpoint -> role
         self.engine_role: dict[EngineId, Role | None] = {}
         # a crash-looping engine is counted every time, but warned about once per interval
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
 
-    def observe(self, scrapes: Sequence[ScrapeResult]) -> PollResult:
-        """Fold one poll's scrapes into the state and reduce them."""
+    def observe(self, scrapes: Sequence[ScrapeResult], *, boundary: bool = False) -> PollResult:
+        """Fold one poll's scrapes into the state and reduce them.
+
+        ``boundary``: an extra scrape taken at a window boundary, often a fraction of an
+        interval after the regular poll. Its deltas are exact for the windows
+        (``result.inputs``), but a rate over a sliver is not a fleet state: the boundary row
+        shows no rates, ratios, quantiles or increases, and the next regular poll shows them
+        over the whole interval since the previous regular poll (no dip, no spike).
+        """
         inputs, deltas, restarts = self.fold(scrapes)
         kwargs = {"prefixes": self.prefixes} if self.prefixes else {}
-        return self.finish(
-            [partial_reduce(inputs, **kwargs)],
+        shown = inputs
+        if boundary:
+            for inp in inputs:
+                self._held[inp.engine_id] = _joined(self._held.get(inp.engine_id), inp)
+        elif self._held:
+            shown = [_joined(self._held.get(inp.engine_id), inp) for inp in inputs]
+            self._held = {}
+        result = self.finish(
+            [partial_reduce(shown, **kwargs)],
             scrapes,
             inputs=inputs,
             deltas=deltas,
             restarts=restarts,
+            instant_only=boundary,
         )
+        return result
 
     def forget_engine(self, engine_id: EngineId) -> None:
         """An engine is gone for good (its worker will never report again)."""
         self.baselines.forget(engine_id)
         self.engine_role.pop(engine_id, None)
+        self._last_seen.pop(engine_id, None)
 
     def forget_endpoint(self, endpoint: str) -> None:
         """An endpoint left the fleet: drop its baselines and roles (run totals stay). If it
@@ -121,9 +151,22 @@ class FleetState:
             if sc.exposition is None:
                 continue
             self._note_invalid(sc)
+            labels = list(sc.exposition)
+            if len(labels) > self.max_engines_per_endpoint:
+                self._warner.warn(
+                    f"too-many-engines:{sc.endpoint}",
+                    f"{sc.endpoint} exposes {len(labels)} engines, more than the "
+                    f"{self.max_engines_per_endpoint} allowed per endpoint: the rest are ignored",
+                )
+                labels = sorted(labels)[: self.max_engines_per_endpoint]
             rows = [
-                (EngineId(sc.endpoint, label), snap, True, sc.engine_roles.get(label, sc.role))
-                for label, snap in sc.exposition.items()
+                (
+                    EngineId(sc.endpoint, label),
+                    sc.exposition[label],
+                    True,
+                    sc.engine_roles.get(label, sc.role),
+                )
+                for label in labels
             ]
             if sc.exposition.endpoint is not None:
                 rows.append((EngineId(sc.endpoint), sc.exposition.endpoint, False, sc.role))
@@ -167,6 +210,9 @@ class FleetState:
                     )
                 deltas[eid] = d
                 self.engine_role[eid] = role
+                if eid not in self._last_seen and is_engine:
+                    self._ever[sc.endpoint] = self._ever.get(sc.endpoint, 0) + 1
+                self._last_seen[eid] = sc.time
                 groups = sc.groups
                 if self.group_by_model and snap.layout.model_name:
                     groups = (*groups, f"model:{snap.layout.model_name}")
@@ -174,7 +220,43 @@ class FleetState:
         ok = [sc for sc in scrapes if sc.ok]
         if ok:
             self._prev_poll = (max(sc.time for sc in ok), max(sc.wall_time for sc in ok))
+            self._bound_engines(max(sc.time for sc in ok))
         return inputs, deltas, restarts
+
+    def _bound_engines(self, now: float) -> None:
+        """Evict engines silent for ``evict_after`` seconds, and the least recently seen ones
+        of an endpoint past its bound (labels that churn every scrape); warn about churn."""
+        live: dict[str, list[EngineId]] = {}
+        for eid, seen in list(self._last_seen.items()):
+            if not eid.is_engine:
+                continue
+            if now - seen > self.evict_after:
+                self._evict(eid)
+            else:
+                live.setdefault(eid.endpoint, []).append(eid)
+        for endpoint, engines in live.items():
+            extra = len(engines) - self.max_engines_per_endpoint
+            if extra > 0:
+                for eid in sorted(engines, key=self._last_seen.__getitem__)[:extra]:
+                    self._evict(eid)
+            ever = self._ever.get(endpoint, 0)
+            if ever > 2 * self.max_engines_per_endpoint or ever > 4 * len(engines) + 16:
+                self._warner.warn(
+                    f"churn:{endpoint}",
+                    f"{endpoint}: its engine labels churn ({ever} distinct engines seen, "
+                    f"{len(engines)} now): silent ones are evicted, their sums kept under "
+                    f"{endpoint}.evicted",
+                )
+
+    def _evict(self, eid: EngineId) -> None:
+        self.forget_engine(eid)
+        self._last_seen.pop(eid, None)
+        self._evicted.append(eid)
+
+    def take_evicted(self) -> list[EngineId]:
+        """Engines evicted since the last call (windows fold their sums, once each)."""
+        out, self._evicted = self._evicted, []
+        return out
 
     def _note_invalid(self, sc: ScrapeResult) -> None:
         """Series left out of this scrape for bad values: warned once per endpoint and series,
@@ -210,8 +292,10 @@ class FleetState:
         inputs: list[EngineInput] | None = None,
         deltas: dict[EngineId, EngineDelta] | None = None,
         restarts: Sequence[EngineId] = (),
+        instant_only: bool = False,
     ) -> PollResult:
-        """Merge reduced parts (one, or one per shard) into this poll's statistics and keys."""
+        """Merge reduced parts (one, or one per shard) into this poll's statistics and keys
+        (``instant_only``: only values of this instant, no interval statistics)."""
         for sc in scrapes:
             self.roles[sc.endpoint] = sc.role
             if not sc.ok:
@@ -219,7 +303,7 @@ class FleetState:
                     self.scrape_failures_total.get(sc.endpoint, 0) + 1
                 )
         stats = finish_reduce(merge_partials(partials))
-        keys = poll_keys(stats, self.key_options)
+        keys = poll_keys(instant_view(stats) if instant_only else stats, self.key_options)
         keys.update(self._health_keys(scrapes, stats))
         result = PollResult(
             step=self.step,
@@ -268,3 +352,47 @@ class FleetState:
         out[base + "scrape_failures_total"] = float(sum(self.scrape_failures_total.values()))
         out[base + "engine_restarts_total"] = float(sum(self.restarts.values()))
         return out
+
+
+_INSTANT_KINDS = frozenset({"gauge", "total", "const"})
+_INTERVAL_STATS = frozenset({"p50", "p90", "p99", "delta", "pooled"})
+
+
+def instant_view(stats: PollStats) -> PollStats:
+    """``stats`` without what needs an interval: rates, ratios, quantiles, increases."""
+    keep = np.array([stats.kinds.get(c) in _INSTANT_KINDS for c in stats.columns], dtype=bool)
+    matrix = np.where(keep[None, :], stats.matrix, np.nan)
+    scopes = {}
+    for name, sc in stats.scopes.items():
+        metrics = {
+            m: {k: v for k, v in per.items() if k not in _INTERVAL_STATS}
+            for m, per in sc.metrics.items()
+            if stats.kinds.get(m, "gauge") in _INSTANT_KINDS
+        }
+        scopes[name] = ScopeStats(sc.engines, {m: per for m, per in metrics.items() if per})
+    return dataclasses.replace(stats, matrix=matrix, scopes=scopes)
+
+
+def _joined(held: EngineInput | None, cur: EngineInput) -> EngineInput:
+    """One engine's held boundary delta and its current one, as one delta over both
+    intervals (the current one alone if the engine changed shape or restarted in between)."""
+    if held is None:
+        return cur
+    a, b = held.delta, cur.delta
+    if a.layout is not b.layout or b.restarted or b.baseline_only:
+        return cur
+    if a.baseline_only:
+        return cur
+    both = np.where(np.isnan(a.delta), b.delta, a.delta + np.nan_to_num(b.delta))
+    both = np.where(np.isnan(b.delta) & np.isnan(a.delta), np.nan, both)
+    joined = dataclasses.replace(
+        b,
+        delta=both,
+        seconds=a.seconds + b.seconds,
+        span=None,
+        observed_seconds=a.observed_seconds + b.observed_seconds,
+        restarted=a.restarted,
+        started=a.started,
+        tail_unseen=a.tail_unseen or b.tail_unseen,
+    )
+    return dataclasses.replace(cur, delta=joined)

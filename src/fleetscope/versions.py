@@ -130,6 +130,7 @@ class PolicyVersions:
     _open: dict[str, _Sums] = field(default_factory=dict)  # open windows
     run: dict[str, _Sums] = field(default_factory=dict)  # run labels
     _last_stopped: dict[str, _Sums] = field(default_factory=dict)  # until its keys are read
+    _held: _Sums = field(default_factory=_Sums)  # boundary polls' tokens, for the next row
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     # ------------------------------------------------------------------ announcements
@@ -235,9 +236,16 @@ class PolicyVersions:
         now: float,
         prefix: str,
         active_windows: Iterable[str],
+        *,
+        boundary: bool = False,
     ) -> tuple[dict[str, float], list[HealthEvent]]:
         """One poll's version keys and ``stale_version`` events; the stale and total tokens of
-        its interval go to every open window and run label (``idle`` when none is open)."""
+        its interval go to every open window and run label (``idle`` when none is open).
+
+        ``boundary``: an extra poll at a window or sync boundary. Its row shows the instant
+        keys (counts of engines, lags) but not the token share: that interval is held and
+        shown by the next regular poll, over the whole interval since the previous one (as
+        :meth:`fleetscope.fleet.FleetState.observe` does for rates)."""
         from fleetscope.windows import COMBINED, IDLE
 
         with self._lock:
@@ -279,6 +287,11 @@ class PolicyVersions:
                 self._open.setdefault(label, _Sums()).add(stale, total)
             if not labels:
                 self.run.setdefault(IDLE, _Sums()).add(stale, total)
+            if boundary:
+                self._held.add(stale, total)
+            else:
+                stale, total = stale + self._held.stale, total + self._held.total
+                self._held = _Sums()
             if self.current is None:
                 return {}, []
             p = f"{prefix}/{RL}/"
@@ -287,10 +300,11 @@ class PolicyVersions:
                 p + "engines_stale": float(n_stale),
                 p + "engines_unknown_version": float(n_unknown),
                 p + "max_version_lag": float(max(lags.values(), default=0)),
-                p + "stale_generation_tokens": stale,
             }
-            if total > 0:
-                keys[p + "stale_generation_share"] = stale / total
+            if not boundary:
+                keys[p + "stale_generation_tokens"] = stale
+                if total > 0:
+                    keys[p + "stale_generation_share"] = stale / total
             for ep, lag in lags.items():
                 keys[f"{prefix}/{ep}/weight_version_lag"] = float(lag)
             return keys, events

@@ -142,6 +142,13 @@ class WindowSet:
         for acc in self.run.values():
             acc.departed.add(engine)
 
+    def evict(self, engine: str, into: str) -> None:
+        """An engine evicted for silence or churn: its sums fold into ``into`` everywhere."""
+        for w in [*self.active.values(), *self.paused.values()]:
+            w.acc.evict(engine, into)
+        for acc in self.run.values():
+            acc.evict(engine, into)
+
     # ------------------------------------------------------------------ attribution
 
     def attribute(

@@ -23,220 +23,47 @@ everything, warned about (never silent). A failed identity lookup disables only 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import re
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
 from fleetscope._warn import RateLimitedWarner
-from fleetscope.catalog import RAY_PREFIXES
 from fleetscope.exposition import Exposition
 from fleetscope.identity import EngineId, Role
-from fleetscope.snapshot import (
-    CounterSeries,
-    EngineLayout,
-    EngineSnapshot,
-    GaugeSeries,
-    HistogramSeries,
-)
+from fleetscope.snapshot import EngineSnapshot
+from fleetscope.sources._ray_merge import _has_series, _is_engine, _labels, _merge_layouts, _Merged
 from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http import Endpoint, HttpSource
+from fleetscope.sources.ray_identity import (
+    IDENTITY_LOOKUP_TIMEOUT,
+    RAY_AGENT_IDENTITY,
+    AgentEngine,
+    RayIdentity,
+    _ray_nodes,
+    decode_label,
+    discover_agents,
+    owner_of,
+    worker_ids_of_actors,
+)
+
+__all__ = [
+    "IDENTITY_LOOKUP_TIMEOUT",
+    "NO_VLLM_WARN_AFTER",
+    "RAY_AGENT_IDENTITY",
+    "AgentEngine",
+    "RayIdentity",
+    "RaySource",
+    "decode_label",
+    "discover_agents",
+    "owner_of",
+    "worker_ids_of_actors",
+]
 
 log = logging.getLogger("fleetscope")
 
-IDENTITY_LOOKUP_TIMEOUT = 10.0
-# model_name is part of the key so a run-unique model name can identify engines when the
-# OpenCensus backend drops WorkerId. The parser joins the non-empty values with "/".
-RAY_AGENT_IDENTITY = ("ReplicaId", "WorkerId", "model_name", "engine")
 # consecutive polls with no vLLM sample at all before that is warned about (engines starting)
 NO_VLLM_WARN_AFTER = 3
-
-_WORKER_ID = re.compile(r"[0-9a-f]{56}")  # Ray's WorkerID: 28 bytes, hex
-_ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")  # engine ids are `{endpoint}.{label}`; keys use "/"
-
-
-def discover_agents(nodes: Iterable[Mapping] | None = None) -> list[Endpoint]:
-    """One endpoint per alive node's metrics agent (``ray.nodes()`` unless ``nodes`` given).
-
-    Names are ``node-{NodeID[:8]}``, so a node keeps its name while alive.
-    """
-    if nodes is None:
-        nodes = _ray_nodes()
-    alive = [
-        n
-        for n in nodes
-        if (n.get("Alive") or n.get("alive")) and n.get("MetricsExportPort") and n.get("NodeID")
-    ]
-    alive.sort(key=lambda n: n["NodeID"])
-    out = []
-    for n in alive:
-        host = str(n["NodeManagerAddress"])
-        if ":" in host and not host.startswith("["):  # IPv6
-            host = f"[{host}]"
-        out.append(
-            Endpoint(url=f"http://{host}:{n['MetricsExportPort']}", name=f"node-{n['NodeID'][:8]}")
-        )
-    return out
-
-
-def worker_ids_of_actors(actors: Sequence, timeout: float = IDENTITY_LOOKUP_TIMEOUT) -> list[str]:
-    """Worker ids of actors (handles or actor id hex strings), in the order given.
-
-    Reads Ray's actor table from the GCS (works without the dashboard); waits for actors still
-    being created. Falls back to the state API (needs the dashboard) where the GCS table is not
-    reachable. Bounded by ``timeout``; raises ``TimeoutError`` or ``LookupError``.
-    """
-    deadline = time.monotonic() + timeout
-    ids = [a if isinstance(a, str) else a._actor_id.hex() for a in actors]
-    try:
-        from ray._private.state import state as gcs_state
-        from ray.core.generated import gcs_pb2
-    except ImportError:  # a Ray without these private modules
-        return _worker_ids_from_state_api(ids, deadline)
-    return [_worker_id_from_gcs(a, deadline, gcs_state, gcs_pb2) for a in ids]
-
-
-def _worker_id_from_gcs(actor_id: str, deadline: float, gcs_state: Any, gcs_pb2: Any) -> str:
-    import ray
-
-    states = gcs_pb2.ActorTableData.ActorState
-    while True:
-        info = gcs_state.get_actor_info(ray.ActorID(bytes.fromhex(actor_id)))
-        if info is None:
-            raise LookupError(f"actor {actor_id} is unknown to Ray")
-        data = gcs_pb2.ActorTableData.FromString(info)
-        state = states.Name(data.state)
-        if state == "ALIVE" and data.address.worker_id:
-            return data.address.worker_id.hex()
-        if state == "DEAD":
-            raise LookupError(f"actor {actor_id} is dead")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"worker id lookup timed out: actor {actor_id} is {state}")
-        time.sleep(0.1)
-
-
-def _worker_ids_from_state_api(actor_ids: Sequence[str], deadline: float) -> list[str]:
-    from ray.util.state import get_actor, list_workers
-
-    out = []
-    for actor_id in actor_ids:
-        if time.monotonic() > deadline:
-            raise TimeoutError("worker id lookup timed out")
-        left = max(1, int(deadline - time.monotonic()))
-        st = get_actor(actor_id, timeout=left)
-        if st is None or st.pid is None:
-            raise LookupError(f"actor {actor_id} not found or not alive")
-        filters: list[Any] = [("pid", "=", int(st.pid)), ("node_id", "=", st.node_id)]
-        workers = list_workers(
-            filters=filters,
-            timeout=left,
-        )
-        if not workers:
-            raise LookupError(f"no worker for actor {actor_id} (pid {st.pid})")
-        out.append(workers[0].worker_id)
-    return out
-
-
-@dataclass
-class RayIdentity:
-    """Which samples are the run's own: by worker id, replica id or model name.
-
-    ``roles`` maps an identity value (worker id, replica id, model name) to its role.
-    A worker id decides wherever the sample has one; ``model_names`` is the fallback for samples
-    without ``WorkerId`` (OpenCensus backend) and cannot tell two engines with the same tags
-    apart.
-    """
-
-    worker_ids: set[str] = field(default_factory=set)
-    replica_ids: set[str] = field(default_factory=set)
-    model_names: set[str] = field(default_factory=set)
-    roles: dict[str, Role] = field(default_factory=dict)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.worker_ids or self.replica_ids or self.model_names)
-
-    @classmethod
-    def of_actors(
-        cls,
-        actors: Sequence,
-        roles: Sequence[Role | None] | None = None,
-        *,
-        timeout: float = IDENTITY_LOOKUP_TIMEOUT,
-    ) -> RayIdentity:
-        """The identity of actor handles (``roles``, if given, aligned with ``actors``)."""
-        wids = worker_ids_of_actors(actors, timeout)
-        return cls(
-            worker_ids=set(wids),
-            roles={w: r for w, r in zip(wids, roles or (), strict=False) if r},
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class AgentEngine:
-    """The identity tags of one engine label in an agent body."""
-
-    replica_id: str
-    worker_id: str
-    model_name: str
-    engine: str
-
-
-def decode_label(label: str, identity: RayIdentity | None = None) -> AgentEngine:
-    """Split a parser engine label (``RAY_AGENT_IDENTITY`` values joined by "/", empty ones
-    left out) back into its tags. Worker ids are recognised by shape (56 hex digits); neither
-    they nor replica ids contain "/", model names may. Without a worker id, a leading segment
-    is a replica id when ``identity`` knows it as one, or when the rest is a known model name.
-    """
-    head, sep, engine = label.rpartition("/")
-    if not sep:
-        return AgentEngine("", "", "", engine)
-    segs = head.split("/")
-    rid = wid = ""
-    if _WORKER_ID.fullmatch(segs[0]):
-        wid, rest = segs[0], segs[1:]
-    elif len(segs) > 1 and _WORKER_ID.fullmatch(segs[1]):
-        rid, wid, rest = segs[0], segs[1], segs[2:]
-    else:
-        ident = identity or RayIdentity()
-        tail = "/".join(segs[1:])
-        if segs[0] in ident.replica_ids or (
-            len(segs) > 1 and head not in ident.model_names and tail in ident.model_names
-        ):
-            rid, rest = segs[0], segs[1:]
-        else:
-            rest = segs
-    return AgentEngine(rid, wid, "/".join(rest), engine)
-
-
-def owner_of(e: AgentEngine, identity: RayIdentity) -> str | None:
-    """The identity value that makes ``e`` the run's own, or None (foreign).
-
-    The strongest id both sides have decides: worker id, then replica id, then model name.
-    """
-    if e.worker_id and identity.worker_ids:
-        if e.worker_id in identity.worker_ids:
-            return e.worker_id
-        return e.replica_id if e.replica_id and e.replica_id in identity.replica_ids else None
-    if e.replica_id and identity.replica_ids:
-        return e.replica_id if e.replica_id in identity.replica_ids else None
-    if e.model_name and e.model_name in identity.model_names:
-        return e.model_name
-    return None
-
-
-@dataclass(slots=True)
-class _Merged:
-    sources: tuple[EngineLayout, ...]  # kept alive so their ids stay theirs
-    layout: EngineLayout
-    target: np.ndarray  # merged slot of every slot of the concatenated sources
-    n: int
 
 
 class RaySource:
@@ -570,99 +397,3 @@ class RaySource:
         merged = np.bincount(m.target, weights=data, minlength=m.n)
         invalid = frozenset().union(*(p.invalid for p in pieces))
         return EngineSnapshot(label, m.layout, merged, first.time, first.wall_time, None, invalid)
-
-
-def _has_series(layout: EngineLayout) -> bool:
-    """Whether a piece carries engine metrics beyond info gauges."""
-    series: list[CounterSeries | GaugeSeries | HistogramSeries] = [
-        *layout.counters,
-        *layout.gauges,
-        *layout.histograms,
-    ]
-    return any(s.name.startswith(_ENGINE_PREFIXES) for s in series)
-
-
-def _is_engine(layout: EngineLayout) -> bool:
-    """Whether a piece is (part of) an engine. A body without any `engine` tag comes out of
-    the parser as one engine "0" made of Ray's own system metrics: not an engine."""
-    return _has_series(layout) or any(f.startswith(_ENGINE_PREFIXES) for f in layout.info)
-
-
-def _safe(v: str) -> str:
-    s = _UNSAFE.sub("_", v)
-    return s if s == v else f"{s}-{hashlib.sha1(v.encode()).hexdigest()[:6]}"
-
-
-def _labels(groups: Mapping[tuple[str, str, str], object]) -> dict[tuple[str, str, str], str]:
-    """Stable labels, whatever the order of the body: a worker id's first 8 digits (all of
-    them if two engines would share the label), else the replica id or model name."""
-    out: dict[tuple[str, str, str], str] = {}
-    for kind, value, engine in groups:
-        out[(kind, value, engine)] = (
-            f"{value[:8]}-{_safe(engine)}" if kind == "w" else f"{_safe(value)}-{_safe(engine)}"
-        )
-    counts: dict[str, int] = {}
-    for label in out.values():
-        counts[label] = counts.get(label, 0) + 1
-    for (kind, value, engine), label in out.items():
-        if counts[label] > 1:
-            out[(kind, value, engine)] = f"{_safe(value)}-{_safe(engine)}-{kind}"
-    return out
-
-
-def _merge_layouts(layouts: tuple[EngineLayout, ...]) -> _Merged:
-    """The layout of several pieces of one engine; a series in two pieces is summed."""
-    index: dict[str, int] = {}
-    target: list[int] = []
-    maps = []
-    for lay in layouts:
-        slot_map = [index.setdefault(sid, len(index)) for sid in lay.slot_ids]
-        maps.append(slot_map)
-        target.extend(slot_map)
-    counters: dict[str, CounterSeries] = {}
-    gauges: dict[str, GaugeSeries] = {}
-    hists: dict[str, HistogramSeries] = {}
-    info: dict[str, Mapping[str, str]] = {}
-    model_name = None
-    for lay, mp in zip(layouts, maps, strict=True):
-
-        def at(slot: int, mp: list[int] = mp) -> int:
-            return mp[slot] if slot >= 0 else -1
-
-        for c in lay.counters:
-            counters.setdefault(
-                lay.slot_ids[c.slot], CounterSeries(c.name, c.labels, at(c.slot), at(c.created))
-            )
-        for g in lay.gauges:
-            gauges.setdefault(lay.slot_ids[g.slot], GaugeSeries(g.name, g.labels, at(g.slot)))
-        for h in lay.histograms:
-            hists.setdefault(
-                repr((h.name, h.labels)),
-                HistogramSeries(
-                    h.name,
-                    h.labels,
-                    h.bounds,
-                    tuple(at(s) for s in h.buckets),
-                    at(h.sum),
-                    at(h.count),
-                    at(h.created),
-                ),
-            )
-        for fam, lab in lay.info.items():
-            info.setdefault(fam, lab)
-        model_name = model_name or lay.model_name
-    layout = EngineLayout(
-        slot_ids=tuple(index),
-        counters=tuple(counters.values()),
-        gauges=tuple(gauges.values()),
-        histograms=tuple(hists.values()),
-        info=info,
-        model_name=model_name,
-    )
-    return _Merged(layouts, layout, np.array(target, dtype=np.intp), len(index))
-
-
-def _ray_nodes() -> list[dict[str, Any]]:
-    import ray
-
-    return ray.nodes()

@@ -1,0 +1,55 @@
+"""``fleetscope simulate`` and ``fleetscope demo``: the simulated fleet."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from fleetscope.simulate.server import cli_main
+
+    return cli_main(args.rest)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    from pathlib import Path
+
+    from fleetscope.demo import print_report, run_demo
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    result = asyncio.run(
+        run_demo(
+            duration=args.duration,
+            interval=args.interval,
+            out_dir=Path(args.out),
+            use_wandb=not args.no_wandb,
+            live=None if not args.no_tui else False,
+        )
+    )
+    print_report(result)
+    return 0
+
+
+def add_demo_parsers(sub: argparse._SubParsersAction) -> None:
+    """``simulate`` and ``demo``."""
+    sim = sub.add_parser(
+        "simulate",
+        help="serve a simulated vLLM fleet on loopback",
+        add_help=False,
+        description="Serve a simulated vLLM 0.32 fleet (see `fleetscope simulate --help`).",
+    )
+    sim.add_argument("rest", nargs=argparse.REMAINDER)
+    sim.set_defaults(func=cmd_simulate)
+
+    d = sub.add_parser(
+        "demo",
+        help="watch a simulated fleet for ~30 s: live view, W&B offline, JSONL, one fault",
+    )
+    d.add_argument("--duration", type=float, default=30.0, help="seconds (30)")
+    d.add_argument("--interval", type=float, default=2.0, help="seconds between polls (2)")
+    d.add_argument("--out", default="fleetscope-demo", help="output folder")
+    d.add_argument("--no-wandb", action="store_true", help="skip the W&B sink")
+    d.add_argument("--no-tui", action="store_true", help="print tables instead of a live view")
+    d.set_defaults(func=cmd_demo)

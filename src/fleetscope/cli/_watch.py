@@ -1,0 +1,309 @@
+"""``fleetscope watch``: poll a fleet and log its statistics; the endpoints file it follows."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fleetscope.cli._common import _add_sink_args, _headers_from_args, _role_and_url, build_sinks
+
+if TYPE_CHECKING:
+    from fleetscope.collector import Collector
+    from fleetscope.sources.http import Endpoint
+
+#: how the endpoints-file helpers wait (``asyncio.sleep`` unless a test passes its own)
+Pause = Callable[[float], Awaitable[object]]
+
+
+def _endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
+    from fleetscope.sources.http import Endpoint
+
+    eps = [Endpoint(url=u) for u in args.urls]
+    for spec in args.role or []:
+        try:
+            role, url = _role_and_url(spec)
+        except ValueError:
+            role = None
+        if role is None:
+            from fleetscope._redact import redact
+
+            raise SystemExit(
+                redact(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
+            )
+        eps.append(Endpoint(url=url, role=role))
+    if not eps and not getattr(args, "endpoints_file", None):
+        raise SystemExit("fleetscope: give at least one endpoint URL (or --endpoints-file)")
+    return eps
+
+
+ENDPOINTS_FILE_SETTLE_S = 0.2
+
+
+def read_endpoints_file(path: str) -> list[Endpoint]:
+    """An endpoints file: one endpoint per line, ``URL`` or ``prefill=URL`` / ``decode=URL``;
+    blank lines and ``#`` comments are ignored."""
+    with open(path, encoding="utf-8") as f:
+        return parse_endpoints_text(f.read())
+
+
+def parse_endpoints_text(text: str) -> list[Endpoint]:
+    """The endpoints listed in an endpoints file's text (see :func:`read_endpoints_file`);
+    ``ValueError`` naming the line for anything that is not a URL."""
+    import httpx
+
+    from fleetscope.sources.http import Endpoint
+
+    eps: list[Endpoint] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            role, url = _role_and_url(line)
+        except ValueError as e:
+            raise ValueError(f"line {lineno}: {e}") from None
+        try:
+            parsed = httpx.URL(url)
+            port = parsed.port
+        except (httpx.InvalidURL, ValueError) as e:
+            raise ValueError(f"line {lineno}: {url!r} is not a URL ({e})") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"line {lineno}: {url!r} is not an http(s) URL")
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"line {lineno}: {url!r} has no valid port")
+        eps.append(Endpoint(url=url, role=role))
+    return eps
+
+
+async def read_stable_text(
+    path: str, settle: float = ENDPOINTS_FILE_SETTLE_S, pause: Pause | None = None
+) -> str:
+    """The file's text once two reads ``settle`` seconds apart agree (an editor or a script
+    rewriting it leaves it empty or cut short for a moment); ``OSError`` if unreadable,
+    ``ValueError`` if it keeps changing (five tries)."""
+    import asyncio
+
+    pause = pause or asyncio.sleep
+    for _ in range(5):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.read()
+        await pause(settle)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            second = f.read()
+        if first == second:
+            return second
+    raise ValueError("still being written (it changed between reads); will read it again")
+
+
+async def _follow_endpoints_file(
+    collector: Collector,
+    path: str,
+    fixed: Sequence[Endpoint],
+    interval: float,
+    *,
+    settle: float = ENDPOINTS_FILE_SETTLE_S,
+    pause: Pause | None = None,
+    applied: str | None = None,
+) -> None:
+    """Re-read ``path`` when it changes and make the watched fleet ``fixed`` + its endpoints.
+
+    A change is applied only when the file parses AND reads the same twice ``settle`` seconds
+    apart (``read_stable_text``): a file that is empty or cut mid-line for a moment, while it
+    is rewritten, is not applied. An empty file (no servers) is applied like any other once it
+    stays empty across the two reads. Endpoints whose URL stays keep their names
+    (``Collector.set_endpoints`` matches by URL). A file that cannot be read or parsed keeps the
+    fleet as it is, with one warning per distinct problem. ``applied``: the text the fleet was
+    built from already (at start), so it is not applied again."""
+    import asyncio
+    import logging
+    import os
+
+    from fleetscope._redact import redact
+
+    log = logging.getLogger("fleetscope")
+    seen: tuple[int, int, int] | None = None
+    last_error: str | None = None
+    while True:
+        try:
+            st = os.stat(path)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp != seen:
+                text = await read_stable_text(path, settle, pause)
+                endpoints = parse_endpoints_text(text)
+                seen, last_error = stamp, None
+                if text != applied:
+                    applied = text
+                    added, removed = collector.set_endpoints([*fixed, *endpoints])
+                    if added or removed:
+                        changes = [f"+{e.name}={e.url}" for e in added]
+                        changes += [f"-{n}" for n in removed]
+                        log.warning(
+                            "fleetscope: %s: fleet changed: %s", path, redact(", ".join(changes))
+                        )
+        except (OSError, ValueError) as e:
+            seen = None  # read it again next time
+            if str(e) != last_error:  # once per distinct problem, not every interval
+                last_error = str(e)
+                log.warning(
+                    "fleetscope: endpoints file %s: %s; fleet unchanged", path, redact(str(e))
+                )
+        await (pause or asyncio.sleep)(interval)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from fleetscope.collector import Collector
+    from fleetscope.health import HealthThresholds
+    from fleetscope.signals import stop_on_signals
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    fixed = _endpoints_from_args(args)
+    endpoints = list(fixed)
+    initial_text = None
+    if args.endpoints_file:
+        try:
+            initial_text = asyncio.run(read_stable_text(args.endpoints_file))
+            endpoints += parse_endpoints_text(initial_text)
+        except (OSError, ValueError) as e:
+            from fleetscope._redact import redact
+
+            raise SystemExit(
+                f"fleetscope: endpoints file {args.endpoints_file}: {redact(str(e))}"
+            ) from None
+    if args.once:
+        return asyncio.run(_watch_once(args, endpoints))
+    terminal = not args.no_tui
+    sinks = build_sinks(args, terminal=terminal)
+    collector = Collector(
+        endpoints,
+        interval=args.interval,
+        sinks=sinks,
+        timeout=args.timeout,
+        headers=_headers_from_args(args),
+        verify=not args.insecure,
+        schema=args.schema,
+        health_thresholds=HealthThresholds(
+            stall_seconds=args.stall_seconds, outlier_seconds=args.outlier_seconds
+        ),
+    )
+
+    async def run() -> None:
+        async with collector:
+            follow = None
+            if args.endpoints_file:
+                follow = asyncio.create_task(
+                    _follow_endpoints_file(
+                        collector,
+                        args.endpoints_file,
+                        fixed,
+                        args.interval,
+                        applied=initial_text,
+                    )
+                )
+            # SIGINT, SIGTERM and SIGHUP: last poll, run summary to every sink, sinks closed,
+            # exit 0 (fleetscope.signals; a second signal during the stop is ignored)
+            stopper = stop_on_signals(collector, chain=False)
+            try:
+                waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stopper.wait())]
+                if args.duration:
+                    waits.append(asyncio.ensure_future(asyncio.sleep(args.duration)))
+                _done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for t in pending:
+                    t.cancel()
+            finally:
+                if follow is not None:
+                    follow.cancel()
+                if stopper.received is None:
+                    stopper.ignore_further()  # --duration: one stop, not two at once
+                    await collector.stop()
+                else:
+                    await asyncio.shield(asyncio.ensure_future(stopper.wait()))
+                stopper.restore()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+    return 0
+
+
+async def _watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -> int:
+    import asyncio
+
+    from fleetscope.collector import Collector
+
+    collector = Collector(
+        endpoints,
+        interval=args.interval,
+        timeout=args.timeout,
+        headers=_headers_from_args(args),
+        verify=not args.insecure,
+        schema=args.schema,
+    )
+    await collector.poll()
+    await asyncio.sleep(args.interval)
+    view = await collector.poll()
+    await collector.stop()
+    keys = dict(sorted(view.keys.items()))
+    if args.json:
+        json.dump(keys, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        from fleetscope.sinks.terminal import TerminalSink
+
+        TerminalSink(live=False).log_poll(view.result)
+    return 0 if view.endpoints_reporting == view.endpoints_expected else 1
+
+
+def add_watch_parser(sub: argparse._SubParsersAction) -> None:
+    """``watch``."""
+    from fleetscope.health import HealthThresholds
+
+    health_defaults = HealthThresholds()
+    w = sub.add_parser(
+        "watch",
+        help="watch a fleet: live view, W&B, JSONL",
+        description="Poll every endpoint's /metrics and log correct fleet statistics.",
+    )
+    w.add_argument("urls", nargs="*", help="base URLs of vLLM servers (role: none)")
+    w.add_argument(
+        "--role", action="append", metavar="ROLE=URL", help="prefill=URL or decode=URL (repeat)"
+    )
+    w.add_argument(
+        "--endpoints-file",
+        default=None,
+        metavar="FILE",
+        help="more endpoints, one per line (URL, prefill=URL, decode=URL); re-read when it "
+        "changes, so servers can be added and removed while watching. A change is applied only "
+        "once the file parses and reads the same twice 0.2 s apart (an empty file too: no "
+        "servers); servers whose URL stays keep their names. Write it atomically (a temporary "
+        "file, then rename) to be safe from any reader",
+    )
+    w.add_argument("--interval", type=float, default=5.0, help="seconds between polls (5)")
+    w.add_argument("--timeout", type=float, default=5.0, help="per-scrape timeout (5)")
+    w.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=health_defaults.stall_seconds,
+        help="health: requests running and no token for this long is a stall (%(default)s)",
+    )
+    w.add_argument(
+        "--outlier-seconds",
+        type=float,
+        default=health_defaults.outlier_seconds,
+        help="health: this long far below its role's median token rate (%(default)s)",
+    )
+    w.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    w.add_argument("--once", action="store_true", help="two polls one interval apart, print")
+    w.add_argument("--json", action="store_true", help="with --once: keys as one JSON object")
+    w.add_argument("--no-tui", action="store_true", help="no live terminal view")
+    w.add_argument("--schema", choices=["prime-rl", "skyrl"], default="prime-rl")
+    w.add_argument("--bearer-token", default=None, help="Authorization: Bearer token")
+    w.add_argument("--bearer-env", default=None, help="read the bearer token from this env var")
+    w.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    _add_sink_args(w)
+    w.set_defaults(func=cmd_watch)

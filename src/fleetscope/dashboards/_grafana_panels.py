@@ -1,0 +1,258 @@
+"""The Grafana dashboard's panels: their PromQL queries, for one naming style and role label.
+
+Each panel pairs the fleet aggregate with the cross-engine tail (see
+:mod:`fleetscope.dashboards.grafana`, which assembles them into the dashboard).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RATE = "$__rate_interval"
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class _Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class _PanelSpec:
+    title: str
+    description: str
+    unit: str
+    queries: tuple[_Query, ...]
+    max: float | None = None
+
+
+class _Promql:
+    """Builds the selectors and expressions, for one naming style and one role label."""
+
+    def __init__(self, metric_prefix: str | None, role_label: str, job_var: str, role_var: str):
+        self.prefix = metric_prefix
+        self.role = role_label
+        self.filters = f'job=~"${job_var}",{role_label}=~"${role_var}"'
+
+    def name_matcher(self, name: str) -> str:
+        """``vllm:x`` for an exact prefix, else a ``__name__`` regex matching ``:`` and ``_``."""
+        if self.prefix is None:
+            return f'__name__=~"vllm[:_]{name}"'
+        return ""
+
+    def sel(self, name: str, extra: str = "", *, filters: bool = True) -> str:
+        """A selector for ``vllm:{name}`` with the dashboard's filters and ``extra`` matchers."""
+        scope = self.filters if filters else ""
+        matchers = [m for m in (self.name_matcher(name), scope, extra) if m]
+        head = "" if self.prefix is None else f"{self.prefix}{name}"
+        return head + ("{" + ",".join(matchers) + "}" if matchers else "")
+
+    def rate(self, name: str, extra: str = "") -> str:
+        return f"rate({self.sel(name, extra)}[{RATE}])"
+
+    @property
+    def engine(self) -> str:
+        return f"{self.role}, instance, engine"
+
+    # -- building blocks
+    def gauge_mean_min_max(self, name: str) -> tuple[_Query, ...]:
+        s, r = self.sel(name), self.role
+        return (
+            _Query(f"avg by ({r}) ({s})", f"mean {{{{{r}}}}}"),
+            _Query(f"min by ({r}) ({s})", f"min engine {{{{{r}}}}}"),
+            _Query(f"max by ({r}) ({s})", f"max engine {{{{{r}}}}}"),
+        )
+
+    def per_engine_rate(self, name: str, extra: str = "") -> str:
+        return f"sum by ({self.engine}) ({self.rate(name, extra)})"
+
+    def counter_sum_tail(
+        self, name: str, tail: str, *, tail_extra: str = "", tail_legend: str = ""
+    ) -> tuple[_Query, ...]:
+        r = self.role
+        return (
+            _Query(f"sum by ({r}) ({self.rate(name)})", f"sum {{{{{r}}}}}"),
+            _Query(
+                f"{tail} by ({r}) ({self.per_engine_rate(name, tail_extra)})",
+                tail_legend or f"{tail} engine {{{{{r}}}}}",
+            ),
+        )
+
+    def ratio(self, num: str, den: str, by: str) -> str:
+        return f"sum by ({by}) ({num}) / sum by ({by}) ({den})"
+
+    def latency(self, name: str) -> tuple[_Query, ...]:
+        r = self.role
+        out = [
+            _Query(
+                f"histogram_quantile({q}, sum by (le, {r}) ({self.rate(name + '_bucket')}))",
+                f"p{round(q * 100)} {{{{{r}}}}}",
+            )
+            for q in QUANTILES
+        ]
+        out.append(
+            _Query(
+                self.ratio(self.rate(name + "_sum"), self.rate(name + "_count"), r),
+                f"mean {{{{{r}}}}}",
+            )
+        )
+        return tuple(out)
+
+
+def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
+    r = p.role
+    hit_rate_pooled = p.ratio(
+        p.rate("prefix_cache_hits_total"), p.rate("prefix_cache_queries_total"), r
+    )
+    hit_rate_engine = p.ratio(
+        p.rate("prefix_cache_hits_total"), p.rate("prefix_cache_queries_total"), p.engine
+    )
+    success = "request_success_total"
+    up_sel = "{" + p.filters + "}"
+    fleet = [
+        _PanelSpec(
+            "KV cache usage",
+            "Fraction of KV cache blocks in use: fleet mean, and the least and most loaded engine.",
+            "percentunit",
+            p.gauge_mean_min_max("kv_cache_usage_perc"),
+            max=1.0,
+        ),
+        _PanelSpec(
+            "Preemptions / s",
+            "Fleet total, and the engine preempting most (one engine out of KV shows here).",
+            "ops",
+            p.counter_sum_tail("num_preemptions_total", "max"),
+        ),
+        _PanelSpec(
+            "Running requests",
+            "Requests in model execution batches: mean per engine, min and max engine.",
+            "short",
+            p.gauge_mean_min_max("num_requests_running"),
+        ),
+        _PanelSpec(
+            "Waiting requests",
+            "Requests waiting to be scheduled: mean per engine, min and max engine.",
+            "short",
+            p.gauge_mean_min_max("num_requests_waiting"),
+        ),
+        _PanelSpec(
+            "Prefix cache hit rate",
+            "Pooled over the fleet (hits / queries, not a mean of ratios), and the worst engine.",
+            "percentunit",
+            (
+                _Query(hit_rate_pooled, f"pooled {{{{{r}}}}}"),
+                _Query(f"min by ({r}) ({hit_rate_engine})", f"min engine {{{{{r}}}}}"),
+            ),
+            max=1.0,
+        ),
+        _PanelSpec(
+            "Generation tokens / s",
+            "Fleet total, and the slowest generating engine. Prefill engines are left out of "
+            "the minimum (they generate ~1 token per request and would pin it at 0, hiding a "
+            "stalled decode engine).",
+            "short",
+            p.counter_sum_tail(
+                "generation_tokens_total",
+                "min",
+                tail_extra=f'{r}!="prefill"',
+                tail_legend=f"min engine {{{{{r}}}}} (no prefill)",
+            ),
+        ),
+        _PanelSpec(
+            "Prompt tokens / s",
+            "Fleet total, and the engine processing most prompt tokens.",
+            "short",
+            p.counter_sum_tail("prompt_tokens_total", "max"),
+        ),
+    ]
+    latency = [
+        _PanelSpec(
+            "Time to first token",
+            "TTFT quantiles from pooled bucket rates, and the mean (sum / count).",
+            "s",
+            p.latency("time_to_first_token_seconds"),
+        ),
+        _PanelSpec(
+            "Time per output token (per request)",
+            "TPOT per request: quantiles and mean.",
+            "s",
+            p.latency("request_time_per_output_token_seconds"),
+        ),
+        _PanelSpec(
+            "Inter-token latency",
+            "ITL quantiles and mean.",
+            "s",
+            p.latency("inter_token_latency_seconds"),
+        ),
+        _PanelSpec(
+            "End-to-end request latency",
+            "E2E latency quantiles and mean.",
+            "s",
+            p.latency("e2e_request_latency_seconds"),
+        ),
+    ]
+    requests = [
+        _PanelSpec(
+            "Truncation share",
+            'Share of finished requests that stopped at max tokens (finished_reason="length").',
+            "percentunit",
+            (
+                _Query(
+                    p.ratio(p.rate(success, 'finished_reason="length"'), p.rate(success), r),
+                    f"length / all {{{{{r}}}}}",
+                ),
+            ),
+            max=1.0,
+        ),
+        _PanelSpec(
+            "Finished requests / s",
+            "By finish reason.",
+            "reqps",
+            (
+                _Query(
+                    f"sum by (finished_reason, {r}) ({p.rate(success)})",
+                    f"{{{{finished_reason}}}} {{{{{r}}}}}",
+                ),
+            ),
+        ),
+    ]
+    health = [
+        _PanelSpec(
+            "Scrape targets up",
+            "Targets whose last scrape succeeded, and all targets.",
+            "short",
+            (
+                _Query(f"sum by (job, {r}) (up{up_sel})", f"up {{{{job}}}} {{{{{r}}}}}"),
+                _Query(f"count by (job, {r}) (up{up_sel})", f"targets {{{{job}}}} {{{{{r}}}}}"),
+            ),
+        ),
+        _PanelSpec(
+            "Engines reporting",
+            "Engines that exposed KV cache usage in the last scrape.",
+            "short",
+            (
+                _Query(
+                    f"count by ({r}) ({p.sel('kv_cache_usage_perc')})",
+                    f"engines {{{{{r}}}}}",
+                ),
+            ),
+        ),
+        _PanelSpec(
+            "Scrape duration",
+            "Slowest scrape per job and role.",
+            "s",
+            (
+                _Query(
+                    f"max by (job, {r}) (scrape_duration_seconds{up_sel})",
+                    f"max {{{{job}}}} {{{{{r}}}}}",
+                ),
+            ),
+        ),
+    ]
+    return [
+        ("Fleet", fleet),
+        ("Latency", latency),
+        ("Requests", requests),
+        ("Scrape health", health),
+    ]
