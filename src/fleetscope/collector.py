@@ -26,13 +26,12 @@ from fleetscope.health import HealthMonitor, health_keys
 from fleetscope.identity import EngineId
 from fleetscope.keys import key_prefix, summary_prefix
 from fleetscope.report import accumulator_keys, summary_keys
+from fleetscope.rl_lifecycle import RLLifecycle
 from fleetscope.sinks.base import Sink
 from fleetscope.sinks.fanout import SinkFanout
 from fleetscope.sources.base import MembershipSource, ModelInfoSource, ScrapeResult, Source
 from fleetscope.sources.http import Endpoint, HttpSource
-from fleetscope.versions import WEIGHT_INFO_DEADLINE, PolicyVersions, WeightSyncs
 from fleetscope.view import EngineLoad, FleetView, build_view
-from fleetscope.weight_sync import WeightSyncHandle
 from fleetscope.windows import WindowError, WindowSet
 
 __all__ = ["Collector", "EngineLoad", "FleetView", "WindowError", "WindowHandle"]
@@ -41,7 +40,7 @@ log = logging.getLogger("fleetscope")
 T = TypeVar("T")
 
 
-class Collector:
+class Collector(RLLifecycle):
     """Watches a fleet of vLLM endpoints and logs correct fleet statistics every poll.
 
     Args:
@@ -86,10 +85,7 @@ class Collector:
         self.last: FleetView | None = None
         self._prefix = key_prefix(cfg.key_options)
         self._ledger = BoundaryLedger()
-        # RL: the trainer's policy versions, what endpoints serve, weight syncs (versions.py)
-        self.versions = PolicyVersions(stale_seconds=cfg.health_thresholds.stale_seconds)
-        self.syncs = WeightSyncs()
-        self._version_client: Any = None
+        self._init_rl(cfg)  # policy versions, what endpoints serve, weight syncs
         # the statistics (state, windows, health) change in one worker thread, under this lock;
         # summary() and state_dict() read them under it, from any thread
         self._lock = threading.RLock()
@@ -169,10 +165,7 @@ class Collector:
                 await asyncio.wait_for(self._finish(status or "success"), timeout=timeout)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.source.aclose(), timeout=5)
-        if self._version_client is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._version_client.aclose(), timeout=5)
-            self._version_client = None
+        await self._close_rl()
         if not self._closed:
             self._closed = True
             loop = asyncio.get_running_loop()
@@ -274,53 +267,6 @@ class Collector:
             w = getattr(self.windows, action)(label, now, times)
             self.versions.window_action(action, label)
             return w
-
-    # ------------------------------------------------------------------ RL lifecycle
-
-    def set_policy_version(self, version: str) -> None:
-        """The trainer's policy is now ``version`` (any thread): from the next poll on, each
-        endpoint's ``/weight_info`` is compared with it (docs/rl-lifecycle.md)."""
-        self.versions.announce(version)
-
-    def weight_sync(self, version: str) -> WeightSyncHandle:
-        """Bracket a weight sync: ``with``/``async with``; a poll at entry and exit, then
-        ``version`` is the policy version (docs/rl-lifecycle.md)."""
-        return WeightSyncHandle(self, version)
-
-    async def _sync_boundary(
-        self, action: str, handle: WeightSyncHandle, *, ok: bool = True
-    ) -> dict[str, float]:
-        if action == "exit" and ok:
-            self.versions.announce(handle.version)
-        keys: dict[str, float] = {}
-
-        async def at_boundary(view: FleetView) -> Mapping[str, float]:
-            t = view.result.time
-            if action == "enter":
-                await self._in_stats(self.syncs.enter, handle.token, handle.version, t)
-            else:
-                keys.update(await self._in_stats(self._sync_exit, handle.token, t, ok))
-            return keys
-
-        await self._poll(at_boundary)
-        return keys
-
-    def _sync_exit(self, token: int, now: float, ok: bool) -> dict[str, float]:
-        return self.syncs.exit(token, now, self._prefix, ok=ok)
-
-    async def _version_probes(self) -> list[asyncio.Task[None]]:
-        """This poll's ``/weight_info`` requests (none until a policy version is set)."""
-        if not self.versions.active or not self.endpoints:
-            return []
-        if self._version_client is None:
-            from fleetscope.sources._http_client import new_client
-
-            # off the loop: with TLS verification httpx loads the CA bundle synchronously
-            self._version_client = await asyncio.get_running_loop().run_in_executor(
-                None, new_client, dict(self.config.headers), self.config.verify, self.timeout
-            )
-        deadline = min(self.timeout, WEIGHT_INFO_DEADLINE)
-        return self.versions.probe(self._version_client, self.endpoints, deadline=deadline)
 
     # ------------------------------------------------------------------ summary and state
 

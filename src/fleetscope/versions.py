@@ -12,7 +12,8 @@ Per poll an engine is *stale* when its endpoint's latest answer names an announc
 older than the trainer's current one, judged at the poll (the answer of this poll if it came
 in time, else the latest earlier one); its generated tokens of that poll's interval are stale
 tokens. A version that was never announced (vLLM's initial ``"default"``) is *unknown*. All
-token counts are exact sums of per-engine deltas of ``vllm:generation_tokens``.
+token counts are exact sums of per-engine deltas of ``vllm:generation_tokens``. Weight syncs are in
+:mod:`fleetscope.weight_sync`.
 
 Pure bookkeeping plus the probe's I/O; every method is thread-safe.
 """
@@ -39,7 +40,6 @@ __all__ = [
     "WEIGHT_INFO_DEADLINE",
     "WEIGHT_INFO_ROUTE",
     "PolicyVersions",
-    "WeightSyncs",
     "generation_delta",
     "operation_deltas",
 ]
@@ -347,98 +347,3 @@ def _share_keys(base: str, sums: _Sums) -> dict[str, float]:
     if share is not None:
         out[base + "stale_generation_share"] = share
     return out
-
-
-# ----------------------------------------------------------------------------- weight syncs
-
-
-@dataclass
-class _OpenSync:
-    version: str
-    started: float  # the entry poll's time (monotonic)
-    tokens: float = 0.0
-    operations: dict[str, list[float]] = field(default_factory=dict)  # op -> [sum, count]
-
-
-@dataclass
-class WeightSyncs:
-    """Open weight syncs and the run's totals; fed every poll's deltas."""
-
-    _open: dict[int, _OpenSync] = field(default_factory=dict)
-    count: int = 0
-    failed: int = 0
-    seconds_total: float = 0.0
-    tokens_total: float = 0.0
-    operations_total: dict[str, list[float]] = field(default_factory=dict)
-    _lock: threading.RLock = field(default_factory=threading.RLock)
-
-    def poll(self, inputs: Iterable[EngineInput]) -> None:
-        """A poll's fleet-wide generated tokens and engine update seconds go to every open
-        sync (the entry poll's own interval is before the sync and is not counted)."""
-        with self._lock:
-            if not self._open:
-                return
-            inputs = list(inputs)
-            tokens = sum(generation_delta(i.delta) for i in inputs if i.is_engine)
-            ops: dict[str, list[float]] = {}
-            for i in inputs:
-                for op, (s, n) in operation_deltas(i.delta).items():
-                    acc = ops.setdefault(op, [0.0, 0.0])
-                    acc[0] += s
-                    acc[1] += n
-            for sync in self._open.values():
-                sync.tokens += tokens
-                for op, (s, n) in ops.items():
-                    acc = sync.operations.setdefault(op, [0.0, 0.0])
-                    acc[0] += s
-                    acc[1] += n
-
-    def enter(self, token: int, version: str, now: float) -> None:
-        with self._lock:
-            self._open[token] = _OpenSync(version, now)
-
-    def exit(self, token: int, now: float, prefix: str, *, ok: bool = True) -> dict[str, float]:
-        """Close a sync at its exit poll; its keys (and the run's totals so far)."""
-        with self._lock:
-            sync = self._open.pop(token, None)
-            if sync is None:
-                return {}
-            seconds = max(0.0, now - sync.started)
-            p = f"{prefix}/{RL}/sync/"
-            keys = {p + "seconds": seconds, p + "generation_tokens": sync.tokens}
-            for op, (s, n) in sorted(sync.operations.items()):
-                if n > 0 or s > 0:
-                    keys[f"{p}engine_update_seconds{{operation={op}}}"] = s
-                    keys[f"{p}engine_update_count{{operation={op}}}"] = n
-            if ok:
-                self.count += 1
-                self.seconds_total += seconds
-                self.tokens_total += sync.tokens
-                for op, (s, n) in sync.operations.items():
-                    acc = self.operations_total.setdefault(op, [0.0, 0.0])
-                    acc[0] += s
-                    acc[1] += n
-            else:
-                self.failed += 1
-                keys[p + "failed"] = 1.0
-            keys.update(self._totals(p))
-            return keys
-
-    def _totals(self, p: str) -> dict[str, float]:
-        return {
-            p + "count": float(self.count),
-            p + "failed_total": float(self.failed),
-            p + "seconds_total": self.seconds_total,
-            p + "generation_tokens_total": self.tokens_total,
-        }
-
-    def summary_keys(self, prefix: str) -> dict[str, float]:
-        with self._lock:
-            if not (self.count or self.failed):
-                return {}
-            p = f"{prefix}/{RL}/sync/"
-            out = self._totals(p)
-            for op, (s, n) in sorted(self.operations_total.items()):
-                out[f"{p}engine_update_seconds{{operation={op}}}"] = s
-                out[f"{p}engine_update_count{{operation={op}}}"] = n
-            return out
