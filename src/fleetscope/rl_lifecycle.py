@@ -31,6 +31,7 @@ class RLLifecycle:
         self._version_client = None
 
     async def _close_rl(self) -> None:
+        self.versions.cancel_probes()
         if self._version_client is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._version_client.aclose(), timeout=5)

@@ -171,6 +171,13 @@ class PolicyVersions:
 
     # ------------------------------------------------------------------ /weight_info
 
+    def cancel_probes(self) -> None:
+        """Stop the requests still running (the collector stops)."""
+        with self._lock:
+            tasks = [p.task for p in self._probes.values() if p.task is not None]
+        for t in tasks:
+            t.cancel()
+
     def probe(
         self,
         client: httpx.AsyncClient,
