@@ -391,3 +391,34 @@ async def test_a_boundary_row_holds_the_stale_share_for_the_next_regular_row() -
     stale, total = g1["server2"] - g0["server2"], sum(g1.values()) - sum(g0.values())
     assert view.keys["inference/rl/stale_generation_tokens"] == stale
     assert view.keys["inference/rl/stale_generation_share"] == stale / total
+
+
+async def test_versions_and_sync_totals_survive_a_checkpoint() -> None:
+    async with rig() as r:
+        r.set_version("v0")
+        c = r.collector()
+        await c.poll()
+        c.set_policy_version("v0")
+        async with c.weight_sync("v1"):
+            r.fleet.step(1.0)
+            r.set_version("v1", "server0", "server1")
+        view = await step_and_poll(r, c)
+        stale = view.keys["inference/rl/stale_generation_tokens"]
+        assert stale > 0
+        saved = json.loads(json.dumps(c.state_dict()))
+        before = c.summary()
+        await c.stop()
+        c2 = r.collector()
+        c2.load_state_dict(saved)
+        await c2.poll()  # baselines again: nothing new counted
+        view = await step_and_poll(r, c2)
+        after = c2.summary()
+        await c2.stop()
+    assert c2.versions.policy_version == "v1"
+    assert view.keys["inference/rl/engines_stale"] == 1  # server2 asked afresh: still on v0
+    more = view.keys["inference/rl/stale_generation_tokens"]
+    key = "inference_summary/combined/rl/stale_generation_tokens"
+    assert after[key] == before[key] + more
+    assert (
+        after["inference_summary/rl/sync/count"] == before["inference_summary/rl/sync/count"] == 1
+    )

@@ -293,6 +293,7 @@ class Collector(RLLifecycle):
                 "restarts": [[e.to_json(), n] for e, n in self.state.restarts.items()],
                 "scrape_failures_total": dict(self.state.scrape_failures_total),
                 "step": self.state.step,
+                "rl": self._rl_state(),
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -308,6 +309,7 @@ class Collector(RLLifecycle):
                 self.state.restarts[EngineId.from_json(e)] = int(n)
             self.state.scrape_failures_total.update(state.get("scrape_failures_total", {}))
             self.state.step = max(self.state.step, int(state.get("step", 0)))
+            self._load_rl_state(state.get("rl"))
 
     async def _finish(self, status: str) -> None:
         if self._summary_published:

@@ -37,6 +37,14 @@ class RLLifecycle:
                 await asyncio.wait_for(self._version_client.aclose(), timeout=5)
             self._version_client = None
 
+    def _rl_state(self) -> dict[str, Any]:
+        return {"versions": self.versions.state_dict(), "syncs": self.syncs.state_dict()}
+
+    def _load_rl_state(self, state: Mapping[str, Any] | None) -> None:
+        if state:
+            self.versions.load_state_dict(state["versions"])
+            self.syncs.load_state_dict(state["syncs"])
+
     def set_policy_version(self, version: str) -> None:
         """The trainer's policy is now ``version`` (any thread): from the next poll on, each
         endpoint's ``/weight_info`` is compared with it (docs/rl-lifecycle.md)."""

@@ -24,7 +24,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -346,6 +346,30 @@ class PolicyVersions:
                 out.update(_share_keys(f"{prefix}/{label}/{RL}/", sums))
             out[f"{prefix}/{RL}/policy_versions"] = float(len(self.announced))
             return out
+
+    # ------------------------------------------------------------------ persistence
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: the announced versions and the stale token sums (open windows' too)."""
+        with self._lock:
+            return {
+                "announced": list(self.announced),
+                "current": self.current,
+                "run": {k: [v.stale, v.total] for k, v in self.run.items()},
+                "open": {k: [v.stale, v.total] for k, v in self._open.items()},
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any], now: float | None = None) -> None:
+        """Continue saved versions: their ``stale_seconds`` clocks restart ``now``; served
+        versions are asked afresh."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self.announced = [str(v) for v in state.get("announced", [])]
+            self.announced_at = [now] * len(self.announced)
+            cur = state.get("current")
+            self.current = None if cur is None else int(cur)
+            self.run = {k: _Sums(float(s), float(t)) for k, (s, t) in state["run"].items()}
+            self._open = {k: _Sums(float(s), float(t)) for k, (s, t) in state["open"].items()}
 
 
 def _share_keys(base: str, sums: _Sums) -> dict[str, float]:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetscope.stats.reduce import EngineInput
 from fleetscope.versions import RL, generation_delta, operation_deltas
@@ -156,6 +156,26 @@ class WeightSyncs:
             p + "seconds_total": self.seconds_total,
             p + "generation_tokens_total": self.tokens_total,
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: the run's sync totals (open syncs are not saved)."""
+        with self._lock:
+            return {
+                "count": self.count,
+                "failed": self.failed,
+                "seconds_total": self.seconds_total,
+                "tokens_total": self.tokens_total,
+                "operations_total": {k: list(v) for k, v in self.operations_total.items()},
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.count = int(state.get("count", 0))
+            self.failed = int(state.get("failed", 0))
+            self.seconds_total = float(state.get("seconds_total", 0.0))
+            self.tokens_total = float(state.get("tokens_total", 0.0))
+            ops = state.get("operations_total", {})
+            self.operations_total = {k: [float(v[0]), float(v[1])] for k, v in ops.items()}
 
     def summary_keys(self, prefix: str) -> dict[str, float]:
         with self._lock:
