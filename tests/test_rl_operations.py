@@ -110,3 +110,18 @@ def test_rl_families_belong_to_the_endpoint_not_engine_0(run: str):
     # engine_sleep_state has an engine label: it stays per engine
     for e in engines:
         assert keys[f"inference/{e}/engine_sleep_state{{sleep_state=awake}}"] == 1.0
+
+
+def test_policy_versions_are_ordered_by_first_announcement():
+    from fleetscope.versions import PolicyVersions
+
+    v = PolicyVersions(stale_seconds=10.0)
+    assert not v.active and v.policy_version is None
+    assert v.announce("b", now=0.0) == 0
+    assert v.announce("a", now=1.0) == 1  # opaque strings: not sorted, ordered as announced
+    v.served.update({"s0": "b", "s1": "a", "s2": "default"})
+    assert [v.served_index(e) for e in ("s0", "s1", "s2", "s3")] == [0, 1, None, None]
+    assert v.announce("b", now=2.0) == 0  # a rollback makes an earlier version current again
+    assert v.announced == ["b", "a"] and v.announced_at == [0.0, 1.0]
+    with pytest.raises(TypeError):
+        v.announce(3)  # type: ignore[arg-type]
