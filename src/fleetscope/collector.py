@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -21,18 +22,16 @@ from typing import Any, TypeVar
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.boundaries import BoundaryLedger, WindowHandle
 from fleetscope.config import CollectorConfig
-from fleetscope.fleet import FleetState
-from fleetscope.health import HealthMonitor, health_keys
-from fleetscope.identity import EngineId
-from fleetscope.keys import key_prefix, summary_prefix
-from fleetscope.report import accumulator_keys, summary_keys
+from fleetscope.keys import key_prefix
+from fleetscope.pipeline import PollPipeline
+from fleetscope.report import accumulator_keys
 from fleetscope.rl_lifecycle import RLLifecycle
 from fleetscope.sinks.base import Sink
 from fleetscope.sinks.fanout import SinkFanout
-from fleetscope.sources.base import MembershipSource, ModelInfoSource, ScrapeResult, Source
+from fleetscope.sources.base import MembershipSource, ModelInfoSource, Source
 from fleetscope.sources.http import Endpoint, HttpSource
-from fleetscope.view import EngineLoad, FleetView, build_view
-from fleetscope.windows import WindowError, WindowSet
+from fleetscope.view import EngineLoad, FleetView
+from fleetscope.windows import WindowError
 
 __all__ = ["Collector", "EngineLoad", "FleetView", "WindowError", "WindowHandle"]
 
@@ -72,23 +71,15 @@ class Collector(RLLifecycle):
         self.interval = cfg.interval
         self.timeout = cfg.timeout
         self.on_poll = on_poll
-        self.state = FleetState(
-            key_options=cfg.key_options,
-            group_by_model=cfg.group_by_model,
-            max_engines_per_endpoint=cfg.max_engines_per_endpoint,
-            evict_after=cfg.evict_after,
-        )
-        self.windows = WindowSet()
-        self.health = HealthMonitor(cfg.health_thresholds)
+        self.pipeline = PollPipeline(cfg)
+        self.state, self.windows = self.pipeline.state, self.pipeline.windows
+        self.health = self.pipeline.health
+        self._init_rl(self.pipeline)  # policy versions, what endpoints serve, weight syncs
         self.fanout = SinkFanout(sinks, queue_size=cfg.sink_queue)
         self.run_status = "running"
         self.last: FleetView | None = None
         self._prefix = key_prefix(cfg.key_options)
         self._ledger = BoundaryLedger()
-        self._init_rl(cfg)  # policy versions, what endpoints serve, weight syncs
-        # the statistics (state, windows, health) change in one worker thread, under this lock;
-        # summary() and state_dict() read them under it, from any thread
-        self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="fleetscope-stats")
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
         self._task: asyncio.Task[None] | None = None
@@ -195,7 +186,7 @@ class Collector(RLLifecycle):
         ready.wait(10)
         return self
 
-    def stop_background(self, timeout: float = 30.0) -> None:
+    def stop_background(self, timeout: float = 60.0) -> None:
         """Stop the background thread: last poll, run summary, sinks closed (bounded)."""
         if self._thread is None or self._loop is None:
             return
@@ -246,9 +237,9 @@ class Collector(RLLifecycle):
             result = view.result
             # each engine's own scrape time at this boundary: coverage is judged per engine
             times = {i.engine_id: i.delta.current.time for i in result.inputs if i.is_engine}
-            w = await self._in_stats(self._window_action, action, label, result.time, times)
+            w = await self._in_stats(self.pipeline.window_action, action, label, result.time, times)
             if action == "stop":
-                with self._lock:
+                with self.pipeline.lock:
                     keys.update(
                         accumulator_keys(w.acc, label, self.state.key_options, summary=False)
                     )
@@ -260,25 +251,12 @@ class Collector(RLLifecycle):
             self.fanout.window(action, label)  # after the row that carries the boundary
         return keys
 
-    def _window_action(
-        self, action: str, label: str, now: float, times: Mapping[EngineId, float]
-    ) -> Any:
-        with self._lock:
-            w = getattr(self.windows, action)(label, now, times)
-            self.versions.window_action(action, label)
-            return w
-
     # ------------------------------------------------------------------ summary and state
 
     def summary(self) -> dict[str, float | str]:
         """The run summary: per run label (each window label, ``idle`` between windows, and
         ``combined`` = the whole run), exact totals, rates, pooled means and quantiles."""
-        with self._lock:
-            out = summary_keys(self.windows.run, self.state.key_options, self.run_status)
-            sp = summary_prefix(self.state.key_options)
-            out.update(self.versions.summary_keys(sp))
-            out.update(self.syncs.summary_keys(sp))
-            return out
+        return self.pipeline.summary(self.run_status)
 
     async def asummary(self) -> dict[str, float | str]:
         """:meth:`summary` without blocking the event loop."""
@@ -286,30 +264,15 @@ class Collector(RLLifecycle):
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to continue the same run summary after a restart (plain
-        data: JSON-able)."""
-        with self._lock:
-            return {
-                "windows": self.windows.state_dict(),
-                "restarts": [[e.to_json(), n] for e, n in self.state.restarts.items()],
-                "scrape_failures_total": dict(self.state.scrape_failures_total),
-                "step": self.state.step,
-                "rl": self._rl_state(),
-            }
+        data: JSON-able; open windows included)."""
+        return self.pipeline.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue a saved run summary. Baselines are taken afresh: only what happens from
         now on is counted on top of the saved sums."""
-        with self._lock:
-            self.windows.load_state_dict(state["windows"])
-            self._ledger.active = set(self.windows.active)
-            self._ledger.paused = set(self.windows.paused)
-            restarts = state.get("restarts", [])
-            pairs = restarts.items() if isinstance(restarts, Mapping) else restarts
-            for e, n in pairs:
-                self.state.restarts[EngineId.from_json(e)] = int(n)
-            self.state.scrape_failures_total.update(state.get("scrape_failures_total", {}))
-            self.state.step = max(self.state.step, int(state.get("step", 0)))
-            self._load_rl_state(state.get("rl"))
+        self.pipeline.load_state_dict(state)
+        self._ledger.active = set(self.windows.active)
+        self._ledger.paused = set(self.windows.paused)
 
     async def _finish(self, status: str) -> None:
         if self._summary_published:
@@ -317,15 +280,11 @@ class Collector(RLLifecycle):
         self._summary_published = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.poll(), timeout=self.timeout * 2)
-        await self._in_stats(self._close_windows)
+        await self._in_stats(self.pipeline.close_windows, time.monotonic())
         if self.run_status == "running":
             self.run_status = status
         self.fanout.summary(self.summary())
         self.fanout.run_end(self.run_status)
-
-    def _close_windows(self) -> None:
-        with self._lock:
-            self.windows.stop_all(time.monotonic())
 
     # ------------------------------------------------------------------ polling
 
@@ -378,7 +337,16 @@ class Collector(RLLifecycle):
             if probes:
                 left = max(0.0, t0 + self.timeout - time.monotonic())
                 await asyncio.wait(probes, timeout=left)
-            view = await self._in_stats(self._process, scrapes, before_log is not None)
+            lens = self.source.max_model_len if isinstance(self.source, ModelInfoSource) else {}
+            view = await self._in_stats(
+                functools.partial(
+                    self.pipeline.process,
+                    scrapes,
+                    self.source.take_departures(),
+                    boundary=before_log is not None,
+                    max_model_len=lens,
+                )
+            )
             self.last = view
             result = view.result
             try:
@@ -394,65 +362,6 @@ class Collector(RLLifecycle):
                 except Exception as e:
                     self._warner.warn("on_poll", f"on_poll callback raised {e!r}")
             return view
-
-    def _process(self, scrapes: list[ScrapeResult], boundary: bool = False) -> FleetView:
-        """Departures, deltas, reductions, windows, health and the view of one poll (in the
-        worker thread, under the statistics lock)."""
-        with self._lock:
-            self._apply_departures()
-            for sc in scrapes:
-                if sc.joined:
-                    self.windows.endpoint_joins(sc.endpoint, sc.time)
-            result = self.state.observe(scrapes, boundary=boundary)
-            for eid in self.state.take_evicted():
-                self.windows.evict(eid, EngineId(eid.endpoint, "evicted"))
-            self.windows.attribute(
-                result.inputs, now=result.time, failed_scrapes=sum(1 for s in scrapes if not s.ok)
-            )
-            roles: dict[str, str | None] = {k: v for k, v in self.state.engine_role.items()}
-            result.events = self.health.evaluate(result, roles)
-            vkeys, vevents = self.versions.poll(
-                result.inputs,
-                result.time,
-                self._prefix,
-                list(self.windows.active),
-                boundary=boundary,
-            )
-            self.syncs.poll(result.inputs)
-            result.keys.update(vkeys)
-            result.events.extend(vevents)
-            result.keys.update(health_keys(result.events, self._prefix))
-            for ev in result.events:
-                if ev.condition != "scrape_failed":  # the source already warned, naming it
-                    self._warner.warn(
-                        f"health:{ev.condition}:{ev.subject}", f"health: {ev.message}"
-                    )
-            lens = self.source.max_model_len if isinstance(self.source, ModelInfoSource) else {}
-            return build_view(
-                result,
-                known_engines=[
-                    e for e in self.state.baselines.engines() if isinstance(e, EngineId)
-                ],
-                engine_roles=self.state.engine_role,
-                endpoint_roles=self.state.roles,
-                max_model_len=lens,
-            )
-
-    def _apply_departures(self) -> None:
-        """Open windows stop expecting what left; its baselines are dropped (sums stay)."""
-        for d in self.source.take_departures():
-            if d.endpoint is not None:
-                if d.time is not None:
-                    self.windows.endpoint_leaves(d.endpoint, d.time)
-                self.state.forget_endpoint(d.endpoint)
-                self.versions.forget_endpoint(d.endpoint)
-                log.info("fleetscope: %s removed from the fleet", d.endpoint)
-            if d.engine is not None:
-                last = self.state.baselines.last(d.engine)
-                t = d.time if d.time is not None else (last.time if last is not None else None)
-                if t is not None:
-                    self.windows.engine_leaves(d.engine, t)
-                self.state.forget_engine(d.engine)
 
     def _collector_keys(self) -> dict[str, float]:
         """The collector's own load: poll duration, skipped ticks, rows dropped per sink."""

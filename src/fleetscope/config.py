@@ -53,7 +53,7 @@ class CollectorConfig:
     group_by_model: bool = False
     sink_queue: int = 64
     boundary_timeout: float | None = None
-    close_timeout: float = 10.0
+    close_timeout: float = 30.0
     max_engines_per_endpoint: int = 512
     evict_after: float = 600.0
 

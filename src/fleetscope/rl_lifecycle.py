@@ -9,12 +9,12 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from fleetscope.config import CollectorConfig
 from fleetscope.versions import WEIGHT_INFO_DEADLINE, PolicyVersions
 from fleetscope.weight_sync import WeightSyncHandle, WeightSyncs
 
 if TYPE_CHECKING:
     from fleetscope.collector import Collector
+    from fleetscope.pipeline import PollPipeline
     from fleetscope.view import FleetView
 
 
@@ -25,9 +25,9 @@ class RLLifecycle:
     syncs: WeightSyncs
     _version_client: Any
 
-    def _init_rl(self, cfg: CollectorConfig) -> None:
-        self.versions = PolicyVersions(stale_seconds=cfg.health_thresholds.stale_seconds)
-        self.syncs = WeightSyncs()
+    def _init_rl(self, pipeline: PollPipeline) -> None:
+        self.versions = pipeline.versions
+        self.syncs = pipeline.syncs
         self._version_client = None
 
     async def _close_rl(self) -> None:
@@ -36,14 +36,6 @@ class RLLifecycle:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._version_client.aclose(), timeout=5)
             self._version_client = None
-
-    def _rl_state(self) -> dict[str, Any]:
-        return {"versions": self.versions.state_dict(), "syncs": self.syncs.state_dict()}
-
-    def _load_rl_state(self, state: Mapping[str, Any] | None) -> None:
-        if state:
-            self.versions.load_state_dict(state["versions"])
-            self.syncs.load_state_dict(state["syncs"])
 
     def set_policy_version(self, version: str) -> None:
         """The trainer's policy is now ``version`` (any thread): from the next poll on, each

@@ -13,7 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
-Labels = tuple[tuple[str, str], ...]
+from fleetscope._textformat import Labels, escape_label_value
 
 
 def format_series(name: str, labels: Labels) -> str:
@@ -21,7 +21,7 @@ def format_series(name: str, labels: Labels) -> str:
     text format (backslash, double quote, line feed) so distinct series never share an id."""
     if not labels:
         return name
-    return name + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
+    return name + "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels) + "}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,63 +239,3 @@ def without_groups(
     out = (sub, keep, removed)
     _SUB_LAYOUTS[key] = out
     return out
-
-
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels_text(labels: Labels) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
-
-
-def _num(v: float) -> str:
-    if v != v:
-        return "NaN"
-    if v in (float("inf"), float("-inf")):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(float(v))
-
-
-def render_layout(layout: EngineLayout, data: np.ndarray) -> str:
-    """Write a layout and its values as Prometheus text 0.0.4 that parses back to the same
-    layout (used to save windows and run summaries in a state dict)."""
-    out: list[str] = []
-    typed: set[str] = set()
-
-    def type_line(name: str, typ: str) -> None:
-        if name not in typed:
-            typed.add(name)
-            out.append(f"# TYPE {name} {typ}")
-
-    for c in layout.counters:
-        type_line(c.name + "_total", "counter")
-        out.append(f"{c.name}_total{_labels_text(c.labels)} {_num(data[c.slot])}")
-    for c in layout.counters:
-        if c.created >= 0:
-            type_line(c.name + "_created", "gauge")
-            out.append(f"{c.name}_created{_labels_text(c.labels)} {_num(data[c.created])}")
-    for g in layout.gauges:
-        if data[g.slot] == data[g.slot]:  # a NaN gauge is missing
-            type_line(g.name, "gauge")
-            out.append(f"{g.name}{_labels_text(g.labels)} {_num(data[g.slot])}")
-    for name, labels in layout.info.items():
-        type_line(name, "gauge")
-        out.append(f"{name}{_labels_text(tuple(sorted(labels.items())))} 1.0")
-    for h in layout.histograms:
-        type_line(h.name, "histogram")
-        for b, s in zip(h.bounds, h.buckets, strict=True):
-            le = "+Inf" if b == float("inf") else repr(b)
-            lab = _labels_text(tuple(sorted((*h.labels, ("le", le)))))
-            out.append(f"{h.name}_bucket{lab} {_num(data[s])}")
-        if h.count >= 0:
-            out.append(f"{h.name}_count{_labels_text(h.labels)} {_num(data[h.count])}")
-        if h.sum >= 0:
-            out.append(f"{h.name}_sum{_labels_text(h.labels)} {_num(data[h.sum])}")
-    for h in layout.histograms:
-        if h.created >= 0:
-            type_line(h.name + "_created", "gauge")
-            out.append(f"{h.name}_created{_labels_text(h.labels)} {_num(data[h.created])}")
-    return "\n".join(out) + "\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleetscope.catalog import BREAKDOWN_LABELS, canonical_family
+from fleetscope.catalog import BREAKDOWN_LABELS, FAMILY_BREAKDOWNS, canonical_family
 from fleetscope.exposition._syntax import ExpositionError, Sample, format_bound, parse_float
 from fleetscope.snapshot import (
     CounterSeries,
@@ -31,8 +31,9 @@ class SeriesDraft:
     family: str
     labels: Labels
     le: float | None
-    renamed: bool  # came from an old vLLM name; dropped when the current name is present
+    renamed: bool  # came from an old name; dropped when the current name is present
     model: str | None = None  # the sample's model_name label (summed away, kept for grouping)
+    original: str | None = None  # the exposed family name, when it was mapped
 
 
 def classify(
@@ -41,6 +42,7 @@ def classify(
     counter_bases: set[str],
     identity: tuple[str, ...],
     keep: tuple[str, ...] | None,
+    escaped: dict[str, str] | None = None,
 ) -> SeriesDraft | None:
     name = s.name
     typ = types.get(name)
@@ -95,7 +97,10 @@ def classify(
             labels["le"] = le_str
             le_str = None
 
+    if escaped:
+        base = escaped.get(base, base)
     canon, renamed = canonical_family(base)
+    original = base if canon != base else None
     if keep is not None and not canon.startswith(keep):
         return None
     le = None
@@ -109,8 +114,9 @@ def classify(
     if kind == "info":
         kept: Labels = tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
     else:
-        kept = tuple(sorted((k, v) for k, v in labels.items() if k in BREAKDOWN_LABELS))
-    return SeriesDraft(kind, canon, kept, le, renamed, s.labels.get("model_name"))
+        breakdown = FAMILY_BREAKDOWNS.get(canon, BREAKDOWN_LABELS)
+        kept = tuple(sorted((k, v) for k, v in labels.items() if k in breakdown))
+    return SeriesDraft(kind, canon, kept, le, renamed, s.labels.get("model_name"), original)
 
 
 def series_id(d: SeriesDraft) -> str:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from fleetscope.identity import Role
 from fleetscope.snapshot import EngineSnapshot
 
 # docs/rules.md §2: a 50 MB body is bad input. Real bodies are ~50-70 kB (vLLM) to ~0.5 MB (a Ray
@@ -46,9 +47,11 @@ class Exposition(Mapping[str, EngineSnapshot]):
     Samples without an engine identity (API-server counters, ``process_*``, ``http_*``) are in
     :attr:`endpoint`; ``process_start_time_seconds`` is also copied to every engine snapshot.
     :attr:`invalid`: the series left out of this scrape because their values were bad.
+    :attr:`engine_roles`: roles the body itself reports per engine label (SGLang's
+    ``engine_type="prefill"|"decode"``); empty when it reports none (vLLM, unified servers).
     """
 
-    __slots__ = ("_engines", "endpoint", "invalid", "types")
+    __slots__ = ("_engines", "endpoint", "engine_roles", "invalid", "types")
 
     def __init__(
         self,
@@ -56,11 +59,13 @@ class Exposition(Mapping[str, EngineSnapshot]):
         endpoint: EngineSnapshot | None,
         types: Mapping[str, str],
         invalid: tuple[InvalidSeries, ...] = (),
+        engine_roles: Mapping[str, Role] | None = None,
     ):
         self._engines = engines
         self.endpoint = endpoint
         self.types = types
         self.invalid = invalid
+        self.engine_roles: Mapping[str, Role] = engine_roles if engine_roles is not None else {}
 
     def __getitem__(self, engine: str) -> EngineSnapshot:
         return self._engines[engine]

@@ -12,15 +12,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetscope.catalog import PROCESS_START, RAY_IDENTITY_LABELS, RAY_PREFIXES
+from fleetscope.catalog import (
+    KEEP_OWN_NAME,
+    PROCESS_START,
+    RAY_IDENTITY_LABELS,
+    RAY_PREFIXES,
+    SGLANG_IDENTITY_LABELS,
+    SGLANG_PREFIX,
+    SGLANG_RANK_LABELS,
+    SGLANG_ROLE_LABEL,
+    SGLANG_ROLES,
+    SGLANG_SHARED_DP_LABELS,
+)
 from fleetscope.exposition._classify import CUMULATIVE_KINDS, SeriesDraft, build_layout, classify
 from fleetscope.exposition._classify import series_id as _series_id
 from fleetscope.exposition._syntax import (
     Exposition,
     ExpositionError,
     InvalidSeries,
+    Sample,
     parse_sample,
 )
+from fleetscope.identity import Role
 from fleetscope.snapshot import EngineLayout, EngineSnapshot, without_groups
 
 _ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
@@ -56,6 +69,7 @@ class Template:
     min_ordinals: np.ndarray  # `_created` ordinals sharing a slot: the slot takes their min
     types: dict[str, str]
     any_incomplete: bool
+    engine_roles: dict[str, Role]
 
 
 def fill(tpl: Template, lines: list[str]) -> np.ndarray | None:
@@ -140,7 +154,7 @@ def finish(tpl: Template, arr: np.ndarray, now: float, wall: float) -> Expositio
         if tpl.endpoint is not None:
             b = tpl.endpoint
             endpoint = EngineSnapshot("", b.layout, slots[b.start : b.stop], now, wall, pstart)
-        return Exposition(engines, endpoint, tpl.types)
+        return Exposition(engines, endpoint, tpl.types, (), tpl.engine_roles)
     # the rare path: some series are invalid for this scrape (docs/rules.md §3.9)
     bad_slot_reason: dict[int, str] = {}
     for o in bad_ords:
@@ -165,7 +179,7 @@ def finish(tpl: Template, arr: np.ndarray, now: float, wall: float) -> Expositio
 
     engines = {b.engine: snap(b, b.engine) for b in tpl.blocks}
     endpoint = snap(tpl.endpoint, "") if tpl.endpoint is not None else None
-    return Exposition(engines, endpoint, tpl.types, tuple(invalid))
+    return Exposition(engines, endpoint, tpl.types, tuple(invalid), tpl.engine_roles)
 
 
 def build_template(
@@ -188,14 +202,27 @@ def build_template(
             types[fam] = typ
             head, _, v = line.rpartition(" ")
             types_by_head[sys.intern(head)] = sys.intern(v)
+    escaped = _escaped_names(lines, types)
     is_ray = any(name.startswith(p) for name in types for p in RAY_PREFIXES)
-    identity = identity_labels or (RAY_IDENTITY_LABELS if is_ray else vllm_identity)
+    # an SGLang server's own body (docs/sglang.md): engines are DP replicas (`dp_rank`)
+    is_sglang = (
+        not is_ray
+        and identity_labels is None
+        and any(name.startswith(SGLANG_PREFIX) for name in types)
+    )
+    if is_sglang:
+        identity = SGLANG_IDENTITY_LABELS
+    else:
+        identity = identity_labels or (RAY_IDENTITY_LABELS if is_ray else vllm_identity)
     primary = identity[-1]
 
     # families of counters, for Ray's OpenCensus "bare DEPRECATED gauge + _total" pairs
     counter_bases = {
         f[:-6] if f.endswith("_total") else f for f, t in types.items() if t == "counter"
     }
+    sg: _SGLangBody | None = None
+    if is_sglang:
+        sg = _sglang_pass(lines, types, counter_bases, identity, keep, escaped)
 
     ordinal: dict[str, int] = {}
     n_skip = 0
@@ -221,19 +248,27 @@ def build_template(
             continue
         if not line.strip():
             raise ExpositionError("blank line with whitespace", i, line)
-        s = parse_sample(line, i)
-        draft = classify(s, types, counter_bases, identity, keep)
+        pre = sg.parsed.get(i) if sg is not None else None
+        if pre is not None:
+            s, draft = pre
+        else:
+            s = parse_sample(line, i)
+            draft = classify(s, types, counter_bases, identity, keep, escaped)
         key = (s.name, tuple(sorted(s.labels.items())))
         if key in seen_series:
             raise ExpositionError("duplicate series", i, line)
         seen_series.add(key)
+        if sg is not None and i in sg.repeats:
+            draft = None  # another rank of the same engine wrote it (docs/sglang.md)
         if draft is None:
             if s.head is not None:
                 ordinal.setdefault(s.head, SKIP)
             n_skip += 1
             continue
         engine_key = ""
-        if primary in s.labels:
+        if sg is not None:
+            engine_key = sg.engine_of_line.get(i, "")
+        elif primary in s.labels:
             engine_key = "/".join(s.labels[k] for k in identity if s.labels.get(k))
         elif len(identity) > 1 and draft.family.startswith(_ENGINE_PREFIXES):
             # an engine sample without the primary label but with other identity labels (Ray
@@ -249,7 +284,127 @@ def build_template(
             ordinal[s.head or f"\x00{o}"] = MISS
         samples.append((o, engine_key, draft, s.value, i))
     values = np.array([v for _o, _e, _d, v, _ln in samples], dtype=np.float64)
-    return _assemble(lines, samples, ordinal, n_skip, types, types_by_head), values
+    tpl = _assemble(lines, samples, ordinal, n_skip, types, types_by_head)
+    if sg is not None:
+        tpl.engine_roles = {
+            e: r for e, r in sg.roles.items() if any(b.engine == e for b in tpl.blocks)
+        }
+    return tpl, values
+
+
+def _escaped_names(lines: list[str], types: dict[str, str]) -> dict[str, str] | None:
+    """OpenMetrics bodies whose sample names escape ``:`` but whose TYPE lines do not.
+
+    prometheus_client 0.26's OpenMetrics encoder writes ``# TYPE sglang:queue_time_seconds
+    histogram`` followed by ``sglang_queue_time_seconds_bucket{...}`` (vLLM's ``vllm:`` names
+    alike): the samples are read as the TYPE line's family (tests/data/sglang-0.5.23/README.md).
+    Adds the escaped names to ``types``; returns escaped -> declared name (None: not needed).
+    """
+    if not lines or not lines[-1].startswith("# EOF"):
+        return None
+    out = {}
+    for fam in list(types):
+        if ":" in fam:
+            esc = fam.replace(":", "_")
+            if esc not in types:
+                types[esc] = types[fam]
+                out[esc] = fam
+    return out or None
+
+
+@dataclass(slots=True)
+class _SGLangBody:
+    parsed: dict[int, tuple[Sample, SeriesDraft | None]]  # line number -> sample, draft
+    engine_of_line: dict[int, str]  # line number -> engine label ("" = the endpoint)
+    repeats: set[int]  # lines written by a higher rank of an engine: counted once
+    roles: dict[str, Role]
+
+
+def _rank_key(labels: dict[str, str]) -> tuple:
+    return tuple(
+        (0, int(v), "") if v.isdigit() else (1, 0, v)
+        for v in (labels.get(k, "") for k in SGLANG_RANK_LABELS)
+    )
+
+
+def _sglang_pass(
+    lines: list[str],
+    types: dict[str, str],
+    counter_bases: set[str],
+    identity: tuple[str, ...],
+    keep: tuple[str, ...] | None,
+    escaped: dict[str, str] | None,
+) -> _SGLangBody:
+    """Engines of an SGLang body (docs/sglang.md "Engines, TP and DP ranks").
+
+    * an engine is a DP replica: its ``dp_rank`` label, "0" when the body has none;
+    * every scheduler rank of one replica (``tp_rank``, ``pp_rank``, ``moe_ep_rank``) writes
+      the same series (``--enable-metrics-for-all-schedulers``, and the pre-seeded counters and
+      startup constants of the ranks that do not log): per family and replica, only the lowest
+      rank's samples are kept;
+    * samples without ``dp_rank`` (the tokenizer's TTFT, e2e, tokens, ...; process families)
+      belong to the body's only replica when it has one, else to the endpoint (never split);
+      so do radix-cache / storage families whose ``dp_rank`` is 0 on every replica;
+    * ``engine_type="prefill"|"decode"`` of an engine's samples is its role.
+    """
+    parsed: dict[int, tuple[Sample, SeriesDraft | None]] = {}
+    for i, line in enumerate(lines, 1):
+        if not line or line[0] == "#":
+            if line.startswith("# EOF") or line == "#EOF":
+                break
+            continue
+        if not line.strip():
+            break  # the main loop reports it
+        s = parse_sample(line, i)
+        parsed[i] = (s, classify(s, types, counter_bases, identity, keep, escaped))
+    dp_values: set[str] = set()
+    shared_dp: dict[str, set[str]] = {}
+    for s, d in parsed.values():
+        if d is None:
+            continue
+        dp = s.labels.get("dp_rank")
+        if dp is not None and d.family.startswith(_ENGINE_PREFIXES):
+            dp_values.add(dp)
+        if not SGLANG_SHARED_DP_LABELS.isdisjoint(s.labels):
+            shared_dp.setdefault(d.family, set()).add(dp or "")
+    several = len(dp_values) > 1
+    only = next(iter(dp_values)) if len(dp_values) == 1 else "0"
+    endpoint_families = (
+        {f for f, dps in shared_dp.items() if dps <= {"0", ""}} if several else set()
+    )
+    engine_of_line: dict[int, str] = {}
+    lowest: dict[tuple[str, str], tuple] = {}
+    ranked: dict[int, tuple[tuple[str, str], tuple]] = {}
+    roles_seen: dict[str, set[str]] = {}
+    for i, (s, d) in parsed.items():
+        if d is None:
+            continue
+        labels = s.labels
+        if d.family in endpoint_families:
+            eng = ""
+        elif "dp_rank" in labels:
+            eng = labels["dp_rank"] or "0"
+        else:
+            eng = "" if several else only
+        engine_of_line[i] = eng
+        if any(k in labels for k in SGLANG_RANK_LABELS):
+            fam_key = (d.family, eng)
+            rk = _rank_key(labels)
+            ranked[i] = (fam_key, rk)
+            cur = lowest.get(fam_key)
+            if cur is None or rk < cur:
+                lowest[fam_key] = rk
+        role = labels.get(SGLANG_ROLE_LABEL)
+        if role is not None and eng:
+            roles_seen.setdefault(eng, set()).add(role)
+    repeats = {i for i, (fk, rk) in ranked.items() if rk != lowest[fk]}
+    roles: dict[str, Role] = {}
+    for eng, seen in roles_seen.items():
+        if len(seen) == 1:
+            r = SGLANG_ROLES.get(next(iter(seen)))
+            if r is not None:
+                roles[eng] = r  # type: ignore[assignment]
+    return _SGLangBody(parsed, engine_of_line, repeats, roles)
 
 
 def _incomplete(layout: EngineLayout) -> tuple[tuple[int, str], ...]:
@@ -280,7 +435,10 @@ def _assemble(
     }
     for o, eng, draft, v, ln in samples:
         if draft.renamed and (eng, _series_id(draft)) in current:
-            continue  # both old and new names exported: count the current one only
+            if draft.original not in KEEP_OWN_NAME:
+                continue  # both old and new names exported: count the current one only
+            assert draft.original is not None
+            draft.family, draft.renamed = draft.original, False  # superseded: its own name
         by_engine.setdefault(eng, []).append((o, draft, v, ln))
     if not any(by_engine) and "" in by_engine:
         by_engine = {"0": by_engine.pop("")}  # no identity labels at all: one engine
@@ -332,4 +490,5 @@ def _assemble(
         types=types,
         min_ordinals=np.array(min_ords, dtype=np.intp),
         any_incomplete=any(b.incomplete for b in all_blocks),
+        engine_roles={},
     )

@@ -233,6 +233,8 @@ class HttpSource:
             latency=t_arrived - t0,
             role=ep.role,
             groups=ep.groups,
+            # roles the body reports (SGLang's engine_type); an explicit endpoint role wins
+            engine_roles=expo.engine_roles if ep.role is None else {},
             joined=self._take_joined(ep.name, t_arrived),
             refused_since_success=refused,
         )

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from fleetscope._textformat import escape_label_value, format_value, labels_text
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.exposition import ExpositionError, Parser
 from fleetscope.identity import Role
@@ -37,19 +37,6 @@ _DROP_LABELS = frozenset({"__name__", "job", "instance"})
 
 def _vllm_name(name: str) -> str:
     return "vllm:" + name[5:] if name.startswith("vllm_") else name
-
-
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _fmt(v: str) -> str:
-    f = float(v)
-    if math.isnan(f):
-        return "NaN"
-    if math.isinf(f):
-        return "+Inf" if f > 0 else "-Inf"
-    return repr(f)
 
 
 class PrometheusSource:
@@ -138,7 +125,7 @@ class PrometheusSource:
         matchers = [self.extra] if self.extra else []
         if instances:
             alts = "|".join(re.escape(i) for i in sorted(instances))
-            matchers.append(f'instance=~"{_escape(alts)}"')
+            matchers.append(f'instance=~"{escape_label_value(alts)}"')
         if not matchers:
             return self.match
         return self.match[:-1] + "," + ",".join(matchers) + "}"
@@ -233,8 +220,8 @@ class PrometheusSource:
             m = s["metric"]
             name = _vllm_name(m["__name__"])
             labels = sorted((k, v) for k, v in m.items() if k not in _DROP_LABELS)
-            lab = ",".join(f'{k}="{_escape(v)}"' for k, v in labels if k != self.role_label)
-            rows.append((name, lab, _fmt(s["value"][1])))
+            lab = labels_text(tuple((k, v) for k, v in labels if k != self.role_label))[1:-1]
+            rows.append((name, lab, format_value(float(s["value"][1]))))
             fam = self._family_of(name)
             if fam is not None:
                 families[fam[0]] = fam[1]

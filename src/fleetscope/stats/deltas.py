@@ -337,9 +337,6 @@ class Baselines:
     def __len__(self) -> int:
         return len(self._last)
 
-    def get(self, engine_id: str) -> EngineSnapshot | None:
-        return self._last.get(engine_id)
-
     def advance(
         self,
         engine_id: str,
@@ -408,6 +405,3 @@ class Baselines:
     def last(self, engine_id: str) -> EngineSnapshot | None:
         """The engine's latest snapshot (its baseline for the next poll), if any."""
         return self._last.get(engine_id)
-
-    def state(self) -> dict[str, EngineSnapshot]:
-        return dict(self._last)

@@ -23,6 +23,7 @@ import numpy as np
 from fleetscope.catalog import (
     DEFAULT_LOGGED_PREFIXES,
     RATIOS,
+    VLLM_FAMILY_NAMES,
     gauge_metric_name,
     kv_capacity_tokens,
     label_suffix,
@@ -31,9 +32,15 @@ from fleetscope.snapshot import EngineLayout, Labels
 
 
 def metric_name(family: str, prefixes: Sequence[str] = DEFAULT_LOGGED_PREFIXES) -> str:
+    """A family's per-engine metric name: its engine prefix stripped. A family of another
+    engine whose stripped name is a vLLM family's but means something else (SGLang's
+    inter-token latency) keeps its engine in the name (``sglang_...``): never one key for both."""
     for p in prefixes:
         if family.startswith(p):
-            return family[len(p) :]
+            name = family[len(p) :]
+            if p != "vllm:" and "vllm:" + name.removesuffix("_total") in VLLM_FAMILY_NAMES:
+                return p.rstrip(":") + "_" + name
+            return name
     return family
 
 

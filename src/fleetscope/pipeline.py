@@ -1,0 +1,156 @@
+"""One poll's statistics, from scrapes to the fleet view: the collector's stateful core.
+
+Departures, deltas, reductions, window attribution, health and the view, for every poll, in
+one worker thread under one lock; the run summary and checkpoints read the same state under
+the same lock, from any thread. No I/O and no clock of its own: the collector supplies both.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fleetscope._warn import RateLimitedWarner
+from fleetscope.config import CollectorConfig
+from fleetscope.fleet import FleetState
+from fleetscope.health import HealthMonitor, health_keys
+from fleetscope.identity import EngineId
+from fleetscope.keys import key_prefix, summary_prefix
+from fleetscope.report import summary_keys
+from fleetscope.sources.base import Departure, ScrapeResult
+from fleetscope.versions import PolicyVersions
+from fleetscope.view import FleetView, build_view
+from fleetscope.weight_sync import WeightSyncs
+from fleetscope.windows import Window, WindowSet
+
+log = logging.getLogger("fleetscope")
+
+
+class PollPipeline:
+    """The fleet state, the windows and the health monitor of one collector."""
+
+    def __init__(self, config: CollectorConfig):
+        self.state = FleetState(
+            key_options=config.key_options,
+            group_by_model=config.group_by_model,
+            max_engines_per_endpoint=config.max_engines_per_endpoint,
+            evict_after=config.evict_after,
+        )
+        self.windows = WindowSet()
+        self.health = HealthMonitor(config.health_thresholds)
+        self.prefix = key_prefix(config.key_options)
+        self.lock = threading.RLock()
+        # RL: the trainer's policy versions, what endpoints serve, weight syncs
+        self.versions = PolicyVersions(stale_seconds=config.health_thresholds.stale_seconds)
+        self.syncs = WeightSyncs()
+        self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
+
+    def process(
+        self,
+        scrapes: list[ScrapeResult],
+        departures: Iterable[Departure],
+        *,
+        boundary: bool = False,
+        max_model_len: Mapping[str, int | None] | None = None,
+    ) -> FleetView:
+        """Everything one poll does to the statistics; returns the fleet view."""
+        with self.lock:
+            self._depart(departures)
+            for sc in scrapes:
+                if sc.joined:
+                    self.windows.endpoint_joins(sc.endpoint, sc.time)
+            result = self.state.observe(scrapes, boundary=boundary)
+            for eid in self.state.take_evicted():
+                self.windows.evict(eid, EngineId(eid.endpoint, "evicted"))
+            self.windows.attribute(
+                result.inputs, now=result.time, failed_scrapes=sum(1 for s in scrapes if not s.ok)
+            )
+            roles: dict[str, str | None] = {k: v for k, v in self.state.engine_role.items()}
+            result.events = self.health.evaluate(result, roles)
+            vkeys, vevents = self.versions.poll(
+                result.inputs,
+                result.time,
+                self.prefix,
+                list(self.windows.active),
+                boundary=boundary,
+            )
+            self.syncs.poll(result.inputs)
+            result.keys.update(vkeys)
+            result.events.extend(vevents)
+            result.keys.update(health_keys(result.events, self.prefix))
+            for ev in result.events:
+                if ev.condition != "scrape_failed":  # the source already warned, naming it
+                    self._warner.warn(
+                        f"health:{ev.condition}:{ev.subject}", f"health: {ev.message}"
+                    )
+            return build_view(
+                result,
+                known_engines=[
+                    e for e in self.state.baselines.engines() if isinstance(e, EngineId)
+                ],
+                engine_roles=self.state.engine_role,
+                endpoint_roles=self.state.roles,
+                max_model_len=max_model_len or {},
+            )
+
+    def _depart(self, departures: Iterable[Departure]) -> None:
+        """Open windows stop expecting what left; its baselines are dropped (sums stay)."""
+        for d in departures:
+            if d.endpoint is not None:
+                if d.time is not None:
+                    self.windows.endpoint_leaves(d.endpoint, d.time)
+                self.state.forget_endpoint(d.endpoint)
+                self.versions.forget_endpoint(d.endpoint)
+                log.info("fleetscope: %s removed from the fleet", d.endpoint)
+            if d.engine is not None:
+                last = self.state.baselines.last(d.engine)
+                t = d.time if d.time is not None else (last.time if last is not None else None)
+                if t is not None:
+                    self.windows.engine_leaves(d.engine, t)
+                self.state.forget_engine(d.engine)
+
+    def window_action(
+        self, action: str, label: str, now: float, times: Mapping[str, float]
+    ) -> Window:
+        with self.lock:
+            w: Window = getattr(self.windows, action)(label, now, times)
+            self.versions.window_action(action, label)
+            return w
+
+    def close_windows(self, now: float) -> None:
+        with self.lock:
+            self.windows.stop_all(now)
+
+    def summary(self, status: str) -> dict[str, float | str]:
+        with self.lock:
+            out = summary_keys(self.windows.run, self.state.key_options, status)
+            sp = summary_prefix(self.state.key_options)
+            out.update(self.versions.summary_keys(sp))
+            out.update(self.syncs.summary_keys(sp))
+            return out
+
+    def state_dict(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "windows": self.windows.state_dict(),
+                "restarts": [[e.to_json(), n] for e, n in self.state.restarts.items()],
+                "scrape_failures_total": dict(self.state.scrape_failures_total),
+                "step": self.state.step,
+                "rl": {"versions": self.versions.state_dict(), "syncs": self.syncs.state_dict()},
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        with self.lock:
+            self.windows.load_state_dict(state["windows"])
+            restarts = state.get("restarts", [])
+            pairs = restarts.items() if isinstance(restarts, Mapping) else restarts
+            for e, n in pairs:
+                self.state.restarts[EngineId.from_json(e)] = int(n)
+            self.state.scrape_failures_total.update(state.get("scrape_failures_total", {}))
+            self.state.step = max(self.state.step, int(state.get("step", 0)))
+            rl = state.get("rl")
+            if rl:
+                self.versions.load_state_dict(rl["versions"])
+                self.syncs.load_state_dict(rl["syncs"])
