@@ -26,8 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import pytest
-
 from fleetscope.accumulate import Accumulator, _EngineSum
 from fleetscope.collector import Collector
 from fleetscope.identity import EngineId
@@ -512,7 +510,7 @@ async def test_soak_coverage_is_below_one_exactly_where_counts_were_unobservable
     s, summary, _, _ = await soak()
     k = s.keys
     # nothing lost: a failed scrape and NaN samples inside (train#1), nothing at all (eval#3);
-    # a late server whose process started after it joined (eval#1): see the xfail test below
+    # a late server whose process started after it joined (eval#1): see the test below
     assert k["train#1"]["inference/train/coverage"] == 1.0
     assert k["train#1"]["inference/train/failed_scrapes"] == 1
     assert k["eval#3"]["inference/eval/coverage"] == 1.0
@@ -570,11 +568,6 @@ async def test_soak_bad_samples_are_left_out_and_memory_stays_bounded() -> None:
     print(f"soak: {s.polls} polls in {_CACHE['seconds']:.1f} s; state_dict {sizes}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Accumulator.add puts a started endpoint row (is_engine=False) into the open "
-    "span, so close_span gives it expected seconds that coverage() never covers",
-)
 async def test_soak_window_with_a_late_server_is_fully_covered() -> None:
     """eval#1: a server joins late (503 until its process is up, then counted from 0): its
     engine is covered from its start, nothing was lost, the window's coverage is 1.0."""
@@ -584,11 +577,6 @@ async def test_soak_window_with_a_late_server_is_fully_covered() -> None:
     assert s.keys["eval#1"]["inference/eval/coverage"] == 1.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Accumulator.add puts a started endpoint row (is_engine=False) into the open "
-    "span, so close_span gives it expected seconds that coverage() never covers",
-)
 async def test_late_single_process_server_in_a_window_minimal() -> None:
     """The minimal repro of the bug above: one server, a window, a second single-process
     server (it has an engine-less row of its own series) that joins with 503 and starts."""

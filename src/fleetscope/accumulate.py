@@ -94,7 +94,12 @@ class Accumulator:
                 acc.current = d.current
             if d.baseline_only:
                 continue
-            if d.started and self._open is not None and inp.engine_id not in self._open:
+            if (
+                d.started
+                and inp.is_engine
+                and self._open is not None
+                and inp.engine_id not in self._open
+            ):
                 # a new process (a scale-up, a restarted Ray actor's new worker): it did not
                 # exist before its interval, so nothing earlier is expected of it
                 self._open[inp.engine_id] = d.current.time - d.seconds

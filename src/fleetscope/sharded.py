@@ -29,7 +29,7 @@ from fleetscope.config import CollectorConfig
 from fleetscope.exposition import Exposition, InvalidSeries
 from fleetscope.identity import Role
 from fleetscope.snapshot import EngineLayout, EngineSnapshot
-from fleetscope.sources._membership import Endpoint, EndpointSet
+from fleetscope.sources._membership import Endpoint, EndpointSet, Members
 from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http import HttpSource
 
@@ -123,7 +123,7 @@ def shard_endpoints(endpoints: Sequence[Endpoint], shards: int) -> list[list[End
     return out
 
 
-class ShardedSource:
+class ShardedSource(Members):
     """Endpoints scraped by Ray shard actors (see the module doc). Needs an initialised Ray."""
 
     def __init__(
@@ -151,21 +151,6 @@ class ShardedSource:
         self._offsets: dict[int, float] = {}
         self._departures: list[Departure] = []
         self.max_model_len: dict[str, int | None] = {}
-
-    @property
-    def endpoints(self) -> list[Endpoint]:
-        return self.members.endpoints
-
-    def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
-        return self.members.add(*endpoints)
-
-    def remove_endpoints(self, *endpoints: str | Endpoint) -> list[str]:
-        return self.members.remove(*endpoints)
-
-    def set_endpoints(
-        self, endpoints: Sequence[str | Endpoint]
-    ) -> tuple[list[Endpoint], list[str]]:
-        return self.members.assign(endpoints)
 
     def take_departures(self) -> list[Departure]:
         out, self._departures = self._departures, []

@@ -159,3 +159,28 @@ class EndpointSet:
             self._endpoints = [
                 replace(e, role=role) if e.name == name else e for e in self._endpoints
             ]
+
+
+class Members:
+    """The membership methods of a source whose endpoints live in ``self.members``."""
+
+    members: EndpointSet
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        """The endpoints scraped at the last poll (with roles discovered so far)."""
+        return self.members.endpoints
+
+    def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
+        """Watch more endpoints from the next poll on (thread-safe); returns them, named."""
+        return self.members.add(*endpoints)
+
+    def remove_endpoints(self, *endpoints: str | Endpoint) -> list[str]:
+        """Stop watching endpoints (name, URL or :class:`Endpoint`) from the next poll on."""
+        return self.members.remove(*endpoints)
+
+    def set_endpoints(
+        self, endpoints: Sequence[str | Endpoint]
+    ) -> tuple[list[Endpoint], list[str]]:
+        """Make the watched fleet exactly ``endpoints`` (matched by URL)."""
+        return self.members.assign(endpoints)

@@ -37,7 +37,7 @@ from fleetscope.sources._http_client import (
     is_refusal,
     new_client,
 )
-from fleetscope.sources._membership import Endpoint, EndpointSet, name_endpoints
+from fleetscope.sources._membership import Endpoint, EndpointSet, Members, name_endpoints
 from fleetscope.sources.base import Departure, ScrapeResult
 
 __all__ = ["ACCEPT", "Endpoint", "HttpSource", "name_endpoints"]
@@ -60,7 +60,7 @@ class _Side:
     task: asyncio.Task[None] | None = None
 
 
-class HttpSource:
+class HttpSource(Members):
     """Scrapes a changing set of endpoints with one shared ``httpx.AsyncClient``."""
 
     def __init__(
@@ -102,25 +102,6 @@ class HttpSource:
         self._side: dict[str, _Side] = {e.name: self._new_side(e) for e in self.endpoints}
 
     # ------------------------------------------------------------------ membership
-
-    @property
-    def endpoints(self) -> list[Endpoint]:
-        """The endpoints scraped at the last poll (with roles discovered so far)."""
-        return self.members.endpoints
-
-    def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
-        """Watch more endpoints from the next poll on (thread-safe); returns them, named."""
-        return self.members.add(*endpoints)
-
-    def remove_endpoints(self, *endpoints: str | Endpoint) -> list[str]:
-        """Stop watching endpoints (name, URL or :class:`Endpoint`) from the next poll on."""
-        return self.members.remove(*endpoints)
-
-    def set_endpoints(
-        self, endpoints: Sequence[str | Endpoint]
-    ) -> tuple[list[Endpoint], list[str]]:
-        """Make the watched fleet exactly ``endpoints`` (matched by URL)."""
-        return self.members.assign(endpoints)
 
     def _apply_changes(self) -> None:
         add, remove = self.members.apply()
