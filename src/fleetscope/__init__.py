@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "CollectorConfig": "fleetscope.config",
     "WindowHandle": "fleetscope.boundaries",
     "WindowError": "fleetscope.windows",
+    "WeightSyncHandle": "fleetscope.weight_sync",
     "FleetView": "fleetscope.view",
     "EngineLoad": "fleetscope.view",
     "EngineId": "fleetscope.identity",
@@ -78,6 +79,7 @@ __all__ = [
     "TensorBoardSink",
     "TerminalSink",
     "WandbSink",
+    "WeightSyncHandle",
     "WindowError",
     "WindowHandle",
     "__version__",
@@ -121,4 +123,5 @@ if TYPE_CHECKING:
     from fleetscope.sources.prometheus import PrometheusSource
     from fleetscope.sources.ray import RayIdentity, RaySource
     from fleetscope.view import EngineLoad, FleetView
+    from fleetscope.weight_sync import WeightSyncHandle
     from fleetscope.windows import WindowError

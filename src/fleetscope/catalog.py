@@ -110,7 +110,7 @@ RAY_IDENTITY_LABELS: tuple[str, ...] = ("ReplicaId", "WorkerId", "engine")
 
 # Label breakdowns users need; every other non-identity label is summed per engine.
 BREAKDOWN_LABELS: frozenset[str] = frozenset(
-    {"finished_reason", "reason", "source", "position", "sleep_state", "quantile"}
+    {"finished_reason", "reason", "source", "position", "sleep_state", "quantile", "operation"}
 )
 
 # Labels that only describe where a sample came from; never a breakdown.

@@ -25,6 +25,7 @@ from fleetscope.config import CollectorConfig
 from fleetscope.keys import key_prefix
 from fleetscope.pipeline import PollPipeline
 from fleetscope.report import accumulator_keys
+from fleetscope.rl_lifecycle import RLLifecycle
 from fleetscope.sinks.base import Sink
 from fleetscope.sinks.fanout import SinkFanout
 from fleetscope.sources.base import MembershipSource, ModelInfoSource, Source
@@ -38,7 +39,7 @@ log = logging.getLogger("fleetscope")
 T = TypeVar("T")
 
 
-class Collector:
+class Collector(RLLifecycle):
     """Watches a fleet of vLLM endpoints and logs correct fleet statistics every poll.
 
     Args:
@@ -73,6 +74,7 @@ class Collector:
         self.pipeline = PollPipeline(cfg)
         self.state, self.windows = self.pipeline.state, self.pipeline.windows
         self.health = self.pipeline.health
+        self._init_rl(self.pipeline)  # policy versions, what endpoints serve, weight syncs
         self.fanout = SinkFanout(sinks, queue_size=cfg.sink_queue)
         self.run_status = "running"
         self.last: FleetView | None = None
@@ -154,6 +156,7 @@ class Collector:
                 await asyncio.wait_for(self._finish(status or "success"), timeout=timeout)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.source.aclose(), timeout=5)
+        await self._close_rl()
         if not self._closed:
             self._closed = True
             loop = asyncio.get_running_loop()
@@ -240,6 +243,7 @@ class Collector:
                     keys.update(
                         accumulator_keys(w.acc, label, self.state.key_options, summary=False)
                     )
+                    keys.update(self.versions.window_keys(label, self._prefix))
             return keys
 
         await self._poll(at_boundary)
@@ -328,7 +332,11 @@ class Collector:
             self._poll_lock = asyncio.Lock()
         async with self._poll_lock:
             t0 = time.monotonic()
+            probes = await self._version_probes()  # concurrent with the scrape, within its deadline
             scrapes = await self.source.scrape()
+            if probes:
+                left = max(0.0, t0 + self.timeout - time.monotonic())
+                await asyncio.wait(probes, timeout=left)
             lens = self.source.max_model_len if isinstance(self.source, ModelInfoSource) else {}
             view = await self._in_stats(
                 functools.partial(

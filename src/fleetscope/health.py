@@ -13,7 +13,10 @@ Evaluated on every poll's per-engine metrics, with thresholds you can set. Condi
 * ``engine_outlier`` — generation rate below ``outlier_fraction`` of its role's median in
   every poll for ``outlier_seconds`` in a row (needs >= 3 engines in the role with requests; an
   idle engine — nothing running or waiting — is not judged);
-* ``scrape_failed`` — the endpoint did not answer with a valid exposition.
+* ``scrape_failed`` — the endpoint did not answer with a valid exposition;
+* ``stale_version`` — the engine's endpoint still serves an older policy version
+  ``stale_seconds`` after the trainer announced a newer one (judged by
+  :mod:`fleetscope.versions`, which knows the versions).
 
 Pure logic with a little memory (streaks); the collector logs the counts as metrics
 (``inference/health/{condition}``) and the events as rate-limited warnings and sink events.
@@ -35,6 +38,7 @@ CONDITIONS: tuple[str, ...] = (
     "preemption_burst",
     "engine_outlier",
     "scrape_failed",
+    "stale_version",
 )
 
 
@@ -54,6 +58,7 @@ class HealthThresholds:
     outlier_min_median: float = 1.0  # tokens/s: below this the role is simply idle
     stall_seconds: float = 30.0  # no token for this long while requests run (a 100k-token
     # prefill alone can take tens of seconds, and it counts no generated token until it ends)
+    stale_seconds: float = 60.0  # on an older policy version this long after a newer one
 
 
 @dataclass(frozen=True, slots=True)

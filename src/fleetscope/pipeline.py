@@ -17,10 +17,12 @@ from fleetscope.config import CollectorConfig
 from fleetscope.fleet import FleetState
 from fleetscope.health import HealthMonitor, health_keys
 from fleetscope.identity import EngineId
-from fleetscope.keys import key_prefix
+from fleetscope.keys import key_prefix, summary_prefix
 from fleetscope.report import summary_keys
 from fleetscope.sources.base import Departure, ScrapeResult
+from fleetscope.versions import PolicyVersions
 from fleetscope.view import FleetView, build_view
+from fleetscope.weight_sync import WeightSyncs
 from fleetscope.windows import Window, WindowSet
 
 log = logging.getLogger("fleetscope")
@@ -40,6 +42,9 @@ class PollPipeline:
         self.health = HealthMonitor(config.health_thresholds)
         self.prefix = key_prefix(config.key_options)
         self.lock = threading.RLock()
+        # RL: the trainer's policy versions, what endpoints serve, weight syncs
+        self.versions = PolicyVersions(stale_seconds=config.health_thresholds.stale_seconds)
+        self.syncs = WeightSyncs()
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
 
     def process(
@@ -64,6 +69,16 @@ class PollPipeline:
             )
             roles: dict[str, str | None] = {k: v for k, v in self.state.engine_role.items()}
             result.events = self.health.evaluate(result, roles)
+            vkeys, vevents = self.versions.poll(
+                result.inputs,
+                result.time,
+                self.prefix,
+                list(self.windows.active),
+                boundary=boundary,
+            )
+            self.syncs.poll(result.inputs)
+            result.keys.update(vkeys)
+            result.events.extend(vevents)
             result.keys.update(health_keys(result.events, self.prefix))
             for ev in result.events:
                 if ev.condition != "scrape_failed":  # the source already warned, naming it
@@ -87,6 +102,7 @@ class PollPipeline:
                 if d.time is not None:
                     self.windows.endpoint_leaves(d.endpoint, d.time)
                 self.state.forget_endpoint(d.endpoint)
+                self.versions.forget_endpoint(d.endpoint)
                 log.info("fleetscope: %s removed from the fleet", d.endpoint)
             if d.engine is not None:
                 last = self.state.baselines.last(d.engine)
@@ -100,6 +116,7 @@ class PollPipeline:
     ) -> Window:
         with self.lock:
             w: Window = getattr(self.windows, action)(label, now, times)
+            self.versions.window_action(action, label)
             return w
 
     def close_windows(self, now: float) -> None:
@@ -108,7 +125,11 @@ class PollPipeline:
 
     def summary(self, status: str) -> dict[str, float | str]:
         with self.lock:
-            return summary_keys(self.windows.run, self.state.key_options, status)
+            out = summary_keys(self.windows.run, self.state.key_options, status)
+            sp = summary_prefix(self.state.key_options)
+            out.update(self.versions.summary_keys(sp))
+            out.update(self.syncs.summary_keys(sp))
+            return out
 
     def state_dict(self) -> dict[str, Any]:
         with self.lock:
@@ -117,6 +138,7 @@ class PollPipeline:
                 "restarts": [[e.to_json(), n] for e, n in self.state.restarts.items()],
                 "scrape_failures_total": dict(self.state.scrape_failures_total),
                 "step": self.state.step,
+                "rl": {"versions": self.versions.state_dict(), "syncs": self.syncs.state_dict()},
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -128,3 +150,7 @@ class PollPipeline:
                 self.state.restarts[EngineId.from_json(e)] = int(n)
             self.state.scrape_failures_total.update(state.get("scrape_failures_total", {}))
             self.state.step = max(self.state.step, int(state.get("step", 0)))
+            rl = state.get("rl")
+            if rl:
+                self.versions.load_state_dict(rl["versions"])
+                self.syncs.load_state_dict(rl["syncs"])

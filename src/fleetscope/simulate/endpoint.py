@@ -40,6 +40,7 @@ from prometheus_client.utils import floatToGoString
 
 from .engine import LAZY_SERIES_DONORS, LoadProfile, Role, SimEngine
 from .ledger import HistogramCounts, Ledger, SeriesKey, Truth
+from .rl import SimRL
 from .vllm_families import (
     CACHE_CONFIG_INFO_LABELS,
     FAMILIES,
@@ -225,6 +226,8 @@ class SimEndpoint:
             SimEngine(self, i, self.load, seed, self._engine_start(i), record_observations)
             for i in range(dp)
         ]
+        #: the RL endpoints (/weight_info, /update_weight_version, /pause ...): see rl.py
+        self.rl = SimRL(self)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EndpointCollector(self))
 
@@ -381,6 +384,9 @@ class SimEndpoint:
             family = self._http_family(spec, single)
             if single or family[3]:
                 families.append(family)
+        rl = self.rl.family(single)
+        if rl is not None:
+            families.append(rl)
         if not single:
             families.sort(key=lambda f: MULTIPROCESS_KIND_ORDER[f[1]])
         return families
@@ -617,6 +623,37 @@ class SimEndpoint:
             ],
         }
 
+    def update_weight_version(self, version: str) -> None:
+        """Serve ``version`` from now on (``POST /update_weight_version``)."""
+        with self._lock:
+            self.rl.set_version(version)
+
+    def simulate_weight_update(
+        self, version: str | None = None, seconds: dict[str, float] | None = None
+    ) -> None:
+        """A weight transfer as vLLM's handlers record it: one observation of
+        ``rl_weight_update_operation_duration_seconds`` per operation (default ``start``,
+        ``update``, ``finish``; ``seconds`` per operation), then ``version`` if given (as
+        ``/finish_weight_update {"weight_version": ...}`` sets it)."""
+        ops = seconds if seconds is not None else {"start": 0.004, "update": 0.5, "finish": 0.003}
+        with self._lock:
+            for op, secs in ops.items():
+                self.rl.observe_operation(op, secs)
+            if version is not None:
+                self.rl.set_version(version)
+            self._touch()
+
+    def pause(self) -> None:
+        """``POST /pause?mode=keep``: running requests freeze until :meth:`resume`."""
+        with self._lock:
+            self.rl.pause()
+            self._touch()
+
+    def resume(self) -> None:
+        with self._lock:
+            self.rl.resume()
+            self._touch()
+
     def worker_info(self) -> dict[str, Any]:
         """``GET /get_metrics_worker_info``: ``{"worker_id": ..., "role": ...}``."""
         return {"worker_id": self.worker_id, "role": self.role}
@@ -689,6 +726,7 @@ class SimEndpoint:
             self._reset_server_state(start)
             for i, engine in enumerate(self.engines):
                 engine.restart(self._engine_start(i))
+            self.rl.reset()
             self._touch()
 
     def restart_engine(self, index: int) -> None:

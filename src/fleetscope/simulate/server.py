@@ -8,7 +8,9 @@
   (``SimEndpoint.metrics_response``), ``Content-Type: text/plain; version=0.0.4; charset=utf-8``;
 * ``GET /v1/models`` -- OpenAI-style model list with ``max_model_len``;
 * ``GET /get_metrics_worker_info`` -- ``{"worker_id": "...", "role": null|"prefill"|"decode"}``;
-* ``GET /health`` -- 200, empty body.
+* ``GET /health`` -- 200, empty body;
+* vLLM's RL routes (``GET /weight_info``, ``POST /update_weight_version``, ``POST /pause``,
+  ``POST /resume``, ``GET /is_paused``): see :mod:`fleetscope.simulate.rl`.
 
 Bodies are rendered once per step (cached by the endpoint) and computed in a worker thread, so
 a fleet step in progress never blocks the event loop. One process comfortably serves 256
@@ -271,15 +273,14 @@ class FleetServer:
                         key, value = line.split(":", 1)
                         headers[key.strip().lower()] = value.strip()
                 length = int(headers.get("content-length", "0") or 0)
-                if length:
-                    await reader.readexactly(length)
+                body = await reader.readexactly(length) if length else b""
                 connection = headers.get("connection", "").lower()
                 if version == "HTTP/1.1":
                     keep_alive = connection != "close"
                 else:
                     keep_alive = connection == "keep-alive"
                 path = target.split("?", 1)[0]
-                keep_alive = await self._respond(endpoint, method, path, writer, keep_alive)
+                keep_alive = await self._respond(endpoint, method, path, writer, keep_alive, body)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         except asyncio.CancelledError:
@@ -296,8 +297,13 @@ class FleetServer:
         path: str,
         writer: asyncio.StreamWriter,
         keep_alive: bool,
+        body: bytes = b"",
     ) -> bool:
         """Write one response; return whether the connection stays open."""
+        rl = endpoint.rl.answer(method, path, body)
+        if rl is not None:
+            data = json.dumps(rl[1]).encode()
+            return await self._send(writer, rl[0], _JSON, data, keep_alive, method)
         if method not in ("GET", "HEAD"):
             return await self._send(writer, 405, _TEXT, b"Method Not Allowed\n", keep_alive, method)
         if path == "/metrics":

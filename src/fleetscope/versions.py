@@ -1,0 +1,380 @@
+"""Policy versions, version skew and weight syncs (docs/rl-lifecycle.md).
+
+The trainer announces policy versions (``Collector.set_policy_version``, or the exit of a
+``Collector.weight_sync``); versions are opaque strings ordered by the order of their first
+announcement. Each endpoint's served version is read from vLLM's ``GET /weight_info``
+(``{"weight_version": ...}``), asked every poll while a policy version is set, concurrently
+with the scrape and within ``min(timeout, 2 s)`` and 64 KiB. An endpoint that answered 404 (no
+such route: ``VLLM_SERVER_DEV_MODE`` off) is never asked again; other failures back off (30 s,
+doubling to 15 min) and the endpoint's version is then unknown.
+
+Per poll an engine is *stale* when its endpoint's latest answer names an announced version
+older than the trainer's current one, judged at the poll (the answer of this poll if it came
+in time, else the latest earlier one); its generated tokens of that poll's interval are stale
+tokens. A version that was never announced (vLLM's initial ``"default"``) is *unknown*. All
+token counts are exact sums of per-engine deltas of ``vllm:generation_tokens``. Weight syncs are in
+:mod:`fleetscope.weight_sync`.
+
+Pure bookkeeping plus the probe's I/O; every method is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from fleetscope.health import HealthEvent
+from fleetscope.stats.deltas import EngineDelta
+from fleetscope.stats.reduce import EngineInput
+
+__all__ = [
+    "GENERATION_FAMILY",
+    "WEIGHT_INFO_BYTES",
+    "WEIGHT_INFO_DEADLINE",
+    "WEIGHT_INFO_ROUTE",
+    "PolicyVersions",
+    "generation_delta",
+    "operation_deltas",
+]
+
+WEIGHT_INFO_ROUTE = "/weight_info"
+WEIGHT_INFO_BYTES = 64 * 1024
+WEIGHT_INFO_DEADLINE = 2.0
+RETRY_FIRST = 30.0
+RETRY_MAX = 900.0
+GENERATION_FAMILY = "vllm:generation_tokens"
+RL_OPERATION_FAMILY = "vllm:rl_weight_update_operation_duration_seconds"
+RL = "rl"  # the pseudo scope of RL keys: inference/rl/..., inference/{window}/rl/...
+
+
+# ----------------------------------------------------------------------------- deltas
+
+
+def generation_delta(d: EngineDelta) -> float:
+    """Generated tokens of one engine in one interval (exact; 0 for a baseline)."""
+    if d.baseline_only:
+        return 0.0
+    total = 0.0
+    for c in d.layout.counters:
+        if c.name == GENERATION_FAMILY:
+            v = float(d.delta[c.slot])
+            if not math.isnan(v):
+                total += v
+    return total
+
+
+def operation_deltas(d: EngineDelta) -> dict[str, tuple[float, float]]:
+    """Per ``operation``: the increase of the RL weight-update histogram's (_sum, _count)."""
+    out: dict[str, tuple[float, float]] = {}
+    if d.baseline_only:
+        return out
+    for h in d.layout.histograms:
+        if h.name != RL_OPERATION_FAMILY:
+            continue
+        op = dict(h.labels).get("operation", "")
+        s = float(d.delta[h.sum]) if h.sum >= 0 else math.nan
+        n = float(d.delta[h.count]) if h.count >= 0 else math.nan
+        ps, pn = out.get(op, (0.0, 0.0))
+        out[op] = (ps + (0.0 if math.isnan(s) else s), pn + (0.0 if math.isnan(n) else n))
+    return out
+
+
+def _endpoint_of(engine_id: str) -> str:
+    return str(getattr(engine_id, "endpoint", engine_id))
+
+
+# ----------------------------------------------------------------------------- probes
+
+
+@dataclass
+class _Probe:
+    """What one endpoint's ``/weight_info`` told us, and when to ask again."""
+
+    answered: bool = False
+    never: bool = False  # a definite "no such route"
+    next_try: float = 0.0
+    wait: float = RETRY_FIRST
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Sums:
+    stale: float = 0.0
+    total: float = 0.0
+
+    def add(self, stale: float, total: float) -> None:
+        self.stale += stale
+        self.total += total
+
+    def share(self) -> float | None:
+        return self.stale / self.total if self.total > 0 else None
+
+
+@dataclass
+class PolicyVersions:
+    """The trainer's announced versions and what each endpoint serves."""
+
+    stale_seconds: float = 60.0
+    announced: list[str] = field(default_factory=list)
+    announced_at: list[float] = field(default_factory=list)  # monotonic, first announcement
+    current: int | None = None
+    served: dict[str, str] = field(default_factory=dict)  # endpoint -> its latest answer
+    _probes: dict[str, _Probe] = field(default_factory=dict)
+    _open: dict[str, _Sums] = field(default_factory=dict)  # open windows
+    run: dict[str, _Sums] = field(default_factory=dict)  # run labels
+    _last_stopped: dict[str, _Sums] = field(default_factory=dict)  # until its keys are read
+    _held: _Sums = field(default_factory=_Sums)  # boundary polls' tokens, for the next row
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    # ------------------------------------------------------------------ announcements
+
+    def announce(self, version: str, now: float | None = None) -> int:
+        """The trainer's policy is now ``version`` (a new one is ordered after every earlier
+        one; announcing an earlier one again makes it current). Returns its index."""
+        if not isinstance(version, str):
+            raise TypeError(f"a policy version is a string, not {type(version).__name__}")
+        with self._lock:
+            if version not in self.announced:
+                self.announced.append(version)
+                self.announced_at.append(time.monotonic() if now is None else now)
+            self.current = self.announced.index(version)
+            return self.current
+
+    @property
+    def active(self) -> bool:
+        return self.current is not None
+
+    @property
+    def policy_version(self) -> str | None:
+        with self._lock:
+            return None if self.current is None else self.announced[self.current]
+
+    def served_index(self, endpoint: str) -> int | None:
+        """The index of the endpoint's served version, None when unknown or never announced."""
+        with self._lock:
+            v = self.served.get(endpoint)
+            return self.announced.index(v) if v in self.announced else None
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        with self._lock:
+            self.served.pop(endpoint, None)
+            p = self._probes.pop(endpoint, None)
+        if p is not None and p.task is not None:
+            p.task.cancel()
+
+    # ------------------------------------------------------------------ /weight_info
+
+    def cancel_probes(self) -> None:
+        """Stop the requests still running (the collector stops)."""
+        with self._lock:
+            tasks = [p.task for p in self._probes.values() if p.task is not None]
+        for t in tasks:
+            t.cancel()
+
+    def probe(
+        self,
+        client: httpx.AsyncClient,
+        endpoints: Sequence[Any],
+        *,
+        deadline: float,
+    ) -> list[asyncio.Task[None]]:
+        """Start (or return the running) ``/weight_info`` requests of this poll: only while a
+        policy version is set, for endpoints that answered it before or were not asked yet."""
+        if not self.active:
+            return []
+        now = time.monotonic()
+        tasks = []
+        loop = asyncio.get_running_loop()
+        for ep in endpoints:
+            base = getattr(ep, "base_url", None)
+            if not base:
+                continue
+            with self._lock:
+                p = self._probes.setdefault(ep.name, _Probe())
+            if p.never or now < p.next_try:
+                continue
+            if p.task is None or p.task.done():
+                p.task = loop.create_task(self._ask(client, ep, p, deadline))
+            tasks.append(p.task)
+        return tasks
+
+    async def _ask(self, client: httpx.AsyncClient, ep: Any, p: _Probe, deadline: float) -> None:
+        from fleetscope.sources._http_client import ScrapeError, get_json
+
+        try:
+            info = await get_json(
+                client,
+                ep.base_url + WEIGHT_INFO_ROUTE,
+                headers=getattr(ep, "headers", None) or {},
+                deadline=deadline,
+                cap=WEIGHT_INFO_BYTES,
+            )
+            version = info.get("weight_version") if isinstance(info, dict) else None
+            if not isinstance(version, str):
+                raise ValueError("no weight_version in the answer")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            with self._lock:
+                self.served.pop(ep.name, None)
+                if isinstance(e, ScrapeError) and str(e) in ("HTTP 404", "HTTP 405"):
+                    p.never = not p.answered  # a server that answered before may come back
+                if not p.never:
+                    p.next_try = time.monotonic() + p.wait
+                    p.wait = min(p.wait * 2, RETRY_MAX)
+            return
+        with self._lock:
+            self.served[ep.name] = version
+            p.answered = True
+            p.wait = RETRY_FIRST
+
+    # ------------------------------------------------------------------ per poll
+
+    def poll(
+        self,
+        inputs: Iterable[EngineInput],
+        now: float,
+        prefix: str,
+        active_windows: Iterable[str],
+        *,
+        boundary: bool = False,
+    ) -> tuple[dict[str, float], list[HealthEvent]]:
+        """One poll's version keys and ``stale_version`` events; the stale and total tokens of
+        its interval go to every open window and run label (``idle`` when none is open).
+
+        ``boundary``: an extra poll at a window or sync boundary. Its row shows the instant
+        keys (counts of engines, lags) but not the token share: that interval is held and
+        shown by the next regular poll, over the whole interval since the previous one (as
+        :meth:`fleetscope.fleet.FleetState.observe` does for rates)."""
+        from fleetscope.windows import COMBINED, IDLE
+
+        with self._lock:
+            engines = [i for i in inputs if i.is_engine]
+            total = stale = 0.0
+            n_stale = n_unknown = 0
+            lags: dict[str, int] = {}
+            events: list[HealthEvent] = []
+            for inp in engines:
+                tokens = generation_delta(inp.delta)
+                total += tokens
+                if self.current is None:
+                    continue
+                ep = _endpoint_of(inp.engine_id)
+                idx = self.served_index(ep)
+                if idx is None:
+                    n_unknown += 1
+                    continue
+                lag = self.current - idx
+                lags[ep] = lag
+                if lag > 0:
+                    n_stale += 1
+                    stale += tokens
+                    since = now - self.announced_at[idx + 1]  # the first newer version
+                    if since >= self.stale_seconds:
+                        events.append(
+                            HealthEvent(
+                                "stale_version",
+                                str(inp.engine_id),
+                                float(lag),
+                                f"{inp.engine_id}: serves {self.announced[idx]!r}, "
+                                f"{lag} version(s) behind the trainer's "
+                                f"{self.announced[self.current]!r} for {since:.0f} s",
+                            )
+                        )
+            self.run.setdefault(COMBINED, _Sums()).add(stale, total)
+            labels = list(active_windows)
+            for label in labels:
+                self._open.setdefault(label, _Sums()).add(stale, total)
+            if not labels:
+                self.run.setdefault(IDLE, _Sums()).add(stale, total)
+            if boundary:
+                self._held.add(stale, total)
+            else:
+                stale, total = stale + self._held.stale, total + self._held.total
+                self._held = _Sums()
+            if self.current is None:
+                return {}, []
+            p = f"{prefix}/{RL}/"
+            keys = {
+                p + "policy_version_index": float(self.current),
+                p + "engines_stale": float(n_stale),
+                p + "engines_unknown_version": float(n_unknown),
+                p + "max_version_lag": float(max(lags.values(), default=0)),
+            }
+            if not boundary:
+                keys[p + "stale_generation_tokens"] = stale
+                if total > 0:
+                    keys[p + "stale_generation_share"] = stale / total
+            for ep, lag in lags.items():
+                keys[f"{prefix}/{ep}/weight_version_lag"] = float(lag)
+            return keys, events
+
+    # ------------------------------------------------------------------ windows
+
+    def window_action(self, action: str, label: str) -> None:
+        """Follow a window's boundary (after its poll was attributed)."""
+        with self._lock:
+            if action == "start":
+                self._open[label] = _Sums()
+            elif action == "stop":
+                sums = self._open.pop(label, None)
+                if sums is not None:
+                    self.run.setdefault(label, _Sums()).add(sums.stale, sums.total)
+                    self._last_stopped[label] = sums
+
+    def window_keys(self, label: str, prefix: str) -> dict[str, float]:
+        """The stale token share of a window that just stopped (when versions were in use)."""
+        with self._lock:
+            sums = self._last_stopped.pop(label, None)
+            if sums is None or not self.announced:
+                return {}
+            return _share_keys(f"{prefix}/{label}/{RL}/", sums)
+
+    def summary_keys(self, prefix: str) -> dict[str, float]:
+        with self._lock:
+            if not self.announced:
+                return {}
+            out: dict[str, float] = {}
+            for label, sums in self.run.items():
+                out.update(_share_keys(f"{prefix}/{label}/{RL}/", sums))
+            out[f"{prefix}/{RL}/policy_versions"] = float(len(self.announced))
+            return out
+
+    # ------------------------------------------------------------------ persistence
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: the announced versions and the stale token sums (open windows' too)."""
+        with self._lock:
+            return {
+                "announced": list(self.announced),
+                "current": self.current,
+                "run": {k: [v.stale, v.total] for k, v in self.run.items()},
+                "open": {k: [v.stale, v.total] for k, v in self._open.items()},
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any], now: float | None = None) -> None:
+        """Continue saved versions: their ``stale_seconds`` clocks restart ``now``; served
+        versions are asked afresh."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self.announced = [str(v) for v in state.get("announced", [])]
+            self.announced_at = [now] * len(self.announced)
+            cur = state.get("current")
+            self.current = None if cur is None else int(cur)
+            self.run = {k: _Sums(float(s), float(t)) for k, (s, t) in state["run"].items()}
+            self._open = {k: _Sums(float(s), float(t)) for k, (s, t) in state["open"].items()}
+
+
+def _share_keys(base: str, sums: _Sums) -> dict[str, float]:
+    out = {base + "stale_generation_tokens": sums.stale, base + "generation_tokens": sums.total}
+    share = sums.share()
+    if share is not None:
+        out[base + "stale_generation_share"] = share
+    return out
