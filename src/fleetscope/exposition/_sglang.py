@@ -1,0 +1,134 @@
+"""SGLang bodies: engines by ``dp_rank``, repeated ranks counted once, roles from
+``engine_type``; and OpenMetrics bodies whose sample names escape ``:`` (docs/sglang.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetscope.catalog import (
+    RAY_PREFIXES,
+    SGLANG_RANK_LABELS,
+    SGLANG_ROLE_LABEL,
+    SGLANG_ROLES,
+    SGLANG_SHARED_DP_LABELS,
+)
+from fleetscope.exposition._classify import SeriesDraft, classify
+from fleetscope.exposition._syntax import Sample, parse_sample
+from fleetscope.identity import Role
+
+_ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
+
+
+def escaped_names(lines: list[str], types: dict[str, str]) -> dict[str, str] | None:
+    """OpenMetrics bodies whose sample names escape ``:`` but whose TYPE lines do not.
+
+    prometheus_client 0.26's OpenMetrics encoder writes ``# TYPE sglang:queue_time_seconds
+    histogram`` followed by ``sglang_queue_time_seconds_bucket{...}`` (vLLM's ``vllm:`` names
+    alike): the samples are read as the TYPE line's family (tests/data/sglang-0.5.23/README.md).
+    Adds the escaped names to ``types``; returns escaped -> declared name (None: not needed).
+    """
+    if not lines or not lines[-1].startswith("# EOF"):
+        return None
+    out = {}
+    for fam in list(types):
+        if ":" in fam:
+            esc = fam.replace(":", "_")
+            if esc not in types:
+                types[esc] = types[fam]
+                out[esc] = fam
+    return out or None
+
+
+@dataclass(slots=True)
+class SGLangBody:
+    parsed: dict[int, tuple[Sample, SeriesDraft | None]]  # line number -> sample, draft
+    engine_of_line: dict[int, str]  # line number -> engine label ("" = the endpoint)
+    repeats: set[int]  # lines written by a higher rank of an engine: counted once
+    roles: dict[str, Role]
+
+
+def _rank_key(labels: dict[str, str]) -> tuple:
+    return tuple(
+        (0, int(v), "") if v.isdigit() else (1, 0, v)
+        for v in (labels.get(k, "") for k in SGLANG_RANK_LABELS)
+    )
+
+
+def sglang_pass(
+    lines: list[str],
+    types: dict[str, str],
+    counter_bases: set[str],
+    identity: tuple[str, ...],
+    keep: tuple[str, ...] | None,
+    escaped: dict[str, str] | None,
+) -> SGLangBody:
+    """Engines of an SGLang body (docs/sglang.md "Engines, TP and DP ranks").
+
+    * an engine is a DP replica: its ``dp_rank`` label, "0" when the body has none;
+    * every scheduler rank of one replica (``tp_rank``, ``pp_rank``, ``moe_ep_rank``) writes
+      the same series (``--enable-metrics-for-all-schedulers``, and the pre-seeded counters and
+      startup constants of the ranks that do not log): per family and replica, only the lowest
+      rank's samples are kept;
+    * samples without ``dp_rank`` (the tokenizer's TTFT, e2e, tokens, ...; process families)
+      belong to the body's only replica when it has one, else to the endpoint (never split);
+      so do radix-cache / storage families whose ``dp_rank`` is 0 on every replica;
+    * ``engine_type="prefill"|"decode"`` of an engine's samples is its role.
+    """
+    parsed: dict[int, tuple[Sample, SeriesDraft | None]] = {}
+    for i, line in enumerate(lines, 1):
+        if not line or line[0] == "#":
+            if line.startswith("# EOF") or line == "#EOF":
+                break
+            continue
+        if not line.strip():
+            break  # the main loop reports it
+        s = parse_sample(line, i)
+        parsed[i] = (s, classify(s, types, counter_bases, identity, keep, escaped))
+    dp_values: set[str] = set()
+    shared_dp: dict[str, set[str]] = {}
+    for s, d in parsed.values():
+        if d is None:
+            continue
+        dp = s.labels.get("dp_rank")
+        if dp is not None and d.family.startswith(_ENGINE_PREFIXES):
+            dp_values.add(dp)
+        if not SGLANG_SHARED_DP_LABELS.isdisjoint(s.labels):
+            shared_dp.setdefault(d.family, set()).add(dp or "")
+    several = len(dp_values) > 1
+    only = next(iter(dp_values)) if len(dp_values) == 1 else "0"
+    endpoint_families = (
+        {f for f, dps in shared_dp.items() if dps <= {"0", ""}} if several else set()
+    )
+    engine_of_line: dict[int, str] = {}
+    lowest: dict[tuple[str, str], tuple] = {}
+    ranked: dict[int, tuple[tuple[str, str], tuple]] = {}
+    roles_seen: dict[str, set[str]] = {}
+    for i, (s, d) in parsed.items():
+        if d is None:
+            continue
+        labels = s.labels
+        if d.family in endpoint_families:
+            eng = ""
+        elif "dp_rank" in labels:
+            eng = labels["dp_rank"] or "0"
+        else:
+            eng = "" if several else only
+        engine_of_line[i] = eng
+        if any(k in labels for k in SGLANG_RANK_LABELS):
+            fam_key = (d.family, eng)
+            rk = _rank_key(labels)
+            ranked[i] = (fam_key, rk)
+            cur = lowest.get(fam_key)
+            if cur is None or rk < cur:
+                lowest[fam_key] = rk
+        role = labels.get(SGLANG_ROLE_LABEL)
+        if role is not None and eng:
+            roles_seen.setdefault(eng, set()).add(role)
+    repeats = {i for i, (fk, rk) in ranked.items() if rk != lowest[fk]}
+    roles: dict[str, Role] = {}
+    for eng, seen in roles_seen.items():
+        if len(seen) == 1:
+            r = SGLANG_ROLES.get(next(iter(seen)))
+            if r is not None:
+                roles[eng] = r  # type: ignore[assignment]
+    return SGLangBody(parsed, engine_of_line, repeats, roles)
