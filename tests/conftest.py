@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 
-# real vLLM 0.32 and Ray 2.60 captures, versioned with the tests (provenance in its README)
-FIXTURES = Path(__file__).resolve().parent / "data" / "fixtures"
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent  # the repository
+DATA = TESTS / "data"  # every test's data, versioned with the tests (provenance in READMEs)
+# real vLLM 0.32 and Ray 2.60 captures
+FIXTURES = DATA / "fixtures"
 
 # a simulated KV cache small enough to fill up (256 blocks of 16 tokens) with long outputs: KV
 # pressure, and preemptions by the dozen every few seconds

@@ -9,12 +9,12 @@ import socket
 import threading
 import time
 from functools import lru_cache
-from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import DATA
 from fleetscope.simulate import (
     CONTENT_TYPE_LATEST,
     FleetServer,
@@ -25,7 +25,7 @@ from fleetscope.simulate import (
 )
 from fleetscope.simulate.vllm_families import FAMILIES, build_1_2_5_buckets
 
-FIXTURES = Path(__file__).resolve().parent / "data" / "fixtures" / "vllm-0.32.0-cpu"
+FIXTURES = DATA / "fixtures" / "vllm-0.32.0-cpu"
 WALL = 1_800_000_000.0
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from conftest import ROOT
 from fleetscope.collector import Collector, FleetView
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sources.http import Endpoint
@@ -190,13 +191,12 @@ def test_watch_follows_an_endpoints_file(tmp_path):
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     from fleetscope.sinks.jsonl import read_jsonl
 
     # this checkout's src first, as an absolute path (PYTHONPATH=src is relative)
     env = dict(os.environ)
-    src = Path(__file__).resolve().parent.parent / "src"
+    src = ROOT / "src"
     extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(src), *extra])
 

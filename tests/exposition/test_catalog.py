@@ -5,15 +5,15 @@ and unit, and every family in every recorded body is either mapped or passed thr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import DATA
 from fleetscope import catalog
 from fleetscope.catalog import FAMILIES, FAMILY_BY_NAME, canonical_family
 from fleetscope.exposition import parse
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = DATA
 SG_FAMILIES = json.loads((DATA / "sglang-0.5.23" / "families.json").read_text())
 VLLM_FAMILIES = json.loads((DATA / "vllm-families" / "families.json").read_text())
 BODIES = sorted(

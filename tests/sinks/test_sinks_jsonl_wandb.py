@@ -237,7 +237,7 @@ def test_wandb_trainer_owned_run(wandb_env: Path, caplog: pytest.LogCaptureFixtu
     trainer = wandb.init(project="trainer", dir=wandb_env, reinit="create_new")
     wandb_file = Path(trainer.settings.sync_file)
     sink = WandbSink(run=trainer, history="trainer")  # the single-run mode (companion: see
-    # tests/test_wandb_trainer_run.py)
+    # tests/sinks/test_wandb_trainer_run.py)
     assert sink.run is trainer and not sink.owns_run and not sink.commit
     poll = 0
     for global_step in range(3):

@@ -84,7 +84,7 @@ class _Loopback:
 
 
 class Churning(_Loopback):
-    """Its engine label changes every scrape (as in tests/test_trainer_safety.py)."""
+    """Its engine label changes every scrape (as in tests/collector/test_trainer_safety.py)."""
 
     def __init__(self) -> None:
         self.n = 0

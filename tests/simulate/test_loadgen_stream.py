@@ -14,12 +14,13 @@ import json
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts" / "real_vllm"
+from conftest import ROOT
+
+SCRIPTS = ROOT / "scripts" / "real_vllm"
 
 NASTY = (
     "a\u0085b\u2028c\u2029d\x1ce\x1df\x1eg\x0bh\x0ci"  # every str.splitlines() separator but \r\n

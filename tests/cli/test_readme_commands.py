@@ -8,7 +8,7 @@ files the commands name (``before.prom``, ``fleet.txt``) are created in the work
 ``fleetscope simulate --endpoints 4 --dp 2 --port-base 18000`` runs as written, on its ports.
 Commands that run until stopped are stopped with SIGTERM once they have shown a poll (an
 event: output, a file's content), and must then exit 0. ``fleetscope demo`` is run end to end
-by tests/test_demo_wandb.py and only recognised here. A README command this file does not
+by tests/cli/test_demo_wandb.py and only recognised here. A README command this file does not
 know fails the test, so a new command in the README needs its check here.
 """
 
@@ -28,10 +28,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import VLLM_DIR
+from conftest import ROOT, VLLM_DIR
 from fleetscope.simulate import FleetServer, SimFleet
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = ROOT
 README = ROOT / "README.md"
 DEADLINE_S = 180  # a bound for a loaded machine, not a pace
 PLACEHOLDER = re.compile(r"http://([a-z][a-z0-9-]*):8000")
@@ -162,7 +162,7 @@ def test_readme_command(command: str, workdir) -> None:
     argv = shlex.split(command)
     sub = argv[1]
     if sub == "demo":
-        pytest.skip("run end to end by tests/test_demo_wandb.py")
+        pytest.skip("run end to end by tests/cli/test_demo_wandb.py")
     stack: list = []
     proc: Proc | None = None
     try:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
+from conftest import DATA
 from fleetscope.catalog import BREAKDOWN_LABELS
 from fleetscope.exposition import Parser
 from fleetscope.fleet import FleetState, ScrapeResult
 
-DATA = Path(__file__).resolve().parent / "data" / "real-vllm-rl"
+DATA = DATA / "real-vllm-rl"
 RUNS = {"single": ("00_before", "41_final"), "dp2": ("00_before", "20_final")}
 RL = "rl_weight_update_operation_duration_seconds"
 SLEEP = "sleep_mode_operation_duration_seconds"

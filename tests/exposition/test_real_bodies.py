@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
+from conftest import DATA
 from fleetscope.exposition import Parser, parse
 from fleetscope.fleet import FleetState, ScrapeResult
 from real import bodies as B
 
-DATA = Path(__file__).resolve().parent / "data" / "real-vllm"
+DATA = DATA / "real-vllm"
 KINDS = {"single": {"0"}, "dp2": {"0", "1"}}
 PHASES = ("idle", "load", "after")
 FAMILIES = {

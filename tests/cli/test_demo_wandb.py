@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from conftest import ROOT
+
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -60,7 +62,7 @@ def test_demo_offline_wandb_matches_jsonl(tmp_path: Path) -> None:
     )
     # the demo runs in tmp_path: this checkout's src as an absolute path (a relative
     # PYTHONPATH=src would silently run whatever fleetscope is installed)
-    src = Path(__file__).resolve().parent.parent / "src"
+    src = ROOT / "src"
     env["PYTHONPATH"] = os.pathsep.join(
         [
             str(src),

@@ -1,6 +1,6 @@
 """``WandbSink(run=trainer_run)``: every poll kept, and no trainer row ever dropped or moved,
 whether the trainer logs with ``step=`` or without. Both offline runs are read back with
-``wandb leet inspect`` (see tests/test_sinks_jsonl_wandb.py for the record format).
+``wandb leet inspect`` (see tests/sinks/test_sinks_jsonl_wandb.py for the record format).
 
 Eight polls between three trainer steps: the old sink (``commit=False`` into the trainer's
 row) kept two or three of them; the companion run keeps all eight, in rows of their own.

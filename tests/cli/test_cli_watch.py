@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import read_jsonl
 
@@ -57,7 +58,7 @@ def sim_url():
 def base_env() -> dict[str, str]:
     """This checkout's src first, as an absolute path, whatever the working folder."""
     env = dict(os.environ)
-    src = Path(__file__).resolve().parent.parent / "src"
+    src = ROOT / "src"
     extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(src), *extra])
     return env

@@ -11,18 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from conftest import VLLM_DIR, promql_bucket_quantile
+from conftest import DATA, VLLM_DIR, promql_bucket_quantile
 from fleetscope.exposition import Parser, parse
 from fleetscope.fleet import FleetState, ScrapeResult
 from fleetscope.snapshot import EngineSnapshot
 
-SG = Path(__file__).resolve().parent / "data" / "sglang-0.5.23"
+SG = DATA / "sglang-0.5.23"
 TRUTH = json.loads((SG / "truth.json").read_text())
 WALL = 1_795_970_000.0
 
@@ -438,12 +437,11 @@ def test_dp_attention_ranks_dedupe_per_replica():
 def test_sglang_inter_token_latency_never_shares_a_key_with_vllms() -> None:
     """SGLang's ITL ``_count`` counts every token of a streamed chunk, vLLM's one per step:
     in a mixed fleet they are two metrics, never pooled under one key."""
-    from pathlib import Path
 
     from fleetscope.fleet import FleetState
     from fleetscope.sources.base import ScrapeResult
 
-    data = Path(__file__).parent / "data"
+    data = DATA
     bodies = {
         "vl": (
             data / "fixtures/vllm-0.32.0-cpu/single_load.prom",
