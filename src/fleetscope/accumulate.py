@@ -33,7 +33,7 @@ from fleetscope._persist import (
     layout_to_data,
 )
 from fleetscope.catalog import gauge_metric_name
-from fleetscope.identity import EngineId
+from fleetscope.identity import EngineId, endpoint_of
 from fleetscope.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.reduce import EngineInput, PollStats, metric_name, plan_for, reduce_poll
@@ -183,14 +183,14 @@ class Accumulator:
         assert self._open is not None
         if engine in self._open:
             return self._open[engine]
-        return self._joined.get(_endpoint(engine), self._open_default)
+        return self._joined.get(endpoint_of(engine), self._open_default)
 
     def endpoint_joins(self, endpoint: str, time: float) -> None:
         """An endpoint was added to the fleet, first scraped at ``time``."""
         if self._open is None:
             return
         self._joined[endpoint] = time
-        for e in [e for e in self._left if _endpoint(e) == endpoint]:
+        for e in [e for e in self._left if endpoint_of(e) == endpoint]:
             self._left.discard(e)
             self._open.pop(e, None)
 
@@ -200,7 +200,7 @@ class Accumulator:
         if self._open is None:
             return
         for e in self._span_engines({}):
-            if _endpoint(e) == endpoint:
+            if endpoint_of(e) == endpoint:
                 self.engine_leaves(e, time)
 
     def engine_leaves(self, engine: str, time: float) -> None:
@@ -304,11 +304,6 @@ class Accumulator:
             eid, engine = engine_from_data(e)
             acc.engines[eid] = engine
         return acc
-
-
-def _endpoint(engine: str) -> str:
-    """An engine id's endpoint (a plain string id is taken as a whole endpoint)."""
-    return engine.endpoint if isinstance(engine, EngineId) else engine
 
 
 def _add_sum(acc: _EngineSum, o: _EngineSum) -> None:

@@ -2,9 +2,8 @@
 
 A source (HTTP, Ray, files) produces one :class:`ScrapeResult` per endpoint per poll; the
 :class:`FleetState` turns them into per-engine deltas (docs/rules.md §3), reduces them per
-scope, and
-renders keys. The collector and ``fleetscope inspect`` share it, so the CLI shows exactly what
-the collector logs.
+scope, and renders keys. The collector and ``fleetscope inspect`` share it, so the CLI shows
+exactly what the collector logs.
 """
 
 from __future__ import annotations
@@ -114,7 +113,7 @@ class FleetState:
         elif self._held:
             shown = [_joined(self._held.get(inp.engine_id), inp) for inp in inputs]
             self._held = {}
-        result = self.finish(
+        return self.finish(
             [partial_reduce(shown, **kwargs)],
             scrapes,
             inputs=inputs,
@@ -122,7 +121,6 @@ class FleetState:
             restarts=restarts,
             instant_only=boundary,
         )
-        return result
 
     def forget_engine(self, engine_id: EngineId) -> None:
         """An engine is gone for good (its worker will never report again)."""
@@ -250,7 +248,6 @@ class FleetState:
 
     def _evict(self, eid: EngineId) -> None:
         self.forget_engine(eid)
-        self._last_seen.pop(eid, None)
         self._evicted.append(eid)
 
     def take_evicted(self) -> list[EngineId]:
@@ -280,9 +277,6 @@ class FleetState:
                 inv.series,
                 inv.reason,
             )
-
-    def forget_first_attempt(self, endpoint: str) -> None:
-        self._first_attempt.pop(endpoint, None)
 
     def finish(
         self,
@@ -379,12 +373,10 @@ def _joined(held: EngineInput | None, cur: EngineInput) -> EngineInput:
     if held is None:
         return cur
     a, b = held.delta, cur.delta
-    if a.layout is not b.layout or b.restarted or b.baseline_only:
+    if a.layout is not b.layout or b.restarted or b.baseline_only or a.baseline_only:
         return cur
-    if a.baseline_only:
-        return cur
+    # a slot unknown in the held delta takes the current one's; else the two add up
     both = np.where(np.isnan(a.delta), b.delta, a.delta + np.nan_to_num(b.delta))
-    both = np.where(np.isnan(b.delta) & np.isnan(a.delta), np.nan, both)
     joined = dataclasses.replace(
         b,
         delta=both,

@@ -31,6 +31,11 @@ def validate_endpoint_name(name: str) -> str:
     return name
 
 
+def endpoint_of(engine: str) -> str:
+    """The endpoint of an engine id (a plain string id is taken as a whole endpoint)."""
+    return engine.endpoint if isinstance(engine, EngineId) else engine
+
+
 class EngineId(str):
     """An engine (``label`` set) or an endpoint's own row (``label`` None), as a value.
 

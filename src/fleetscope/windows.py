@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetscope.accumulate import Accumulator
-from fleetscope.identity import EngineId
+from fleetscope.identity import EngineId, endpoint_of
 from fleetscope.stats.reduce import EngineInput
 
 __all__ = ["COMBINED", "IDLE", "Accumulator", "Window", "WindowError", "WindowSet"]
@@ -133,7 +133,7 @@ class WindowSet:
         for w in self.active.values():
             w.acc.endpoint_leaves(endpoint, time)
         for acc in self.run.values():
-            acc.departed.update(e for e in acc.engines if getattr(e, "endpoint", e) == endpoint)
+            acc.departed.update(e for e in acc.engines if endpoint_of(e) == endpoint)
 
     def engine_leaves(self, engine: EngineId, time: float) -> None:
         """An engine is gone for good (last scraped at ``time``)."""

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from fleetscope.identity import endpoint_of
 from fleetscope.sinks.base import Value
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[Eng
         if not stats.is_engine[i]:
             continue
         m = stats.engine(eid)
-        role = roles.get(eid, roles.get(getattr(eid, "endpoint", eid)))
+        role = roles.get(eid, roles.get(endpoint_of(eid)))
         status, sev = status_of(conditions.get(eid, []))
         rows.append(
             EngineRow(

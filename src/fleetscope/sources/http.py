@@ -31,6 +31,7 @@ from fleetscope.exposition import MAX_BODY_BYTES, Exposition, ExpositionError, P
 from fleetscope.identity import Role
 from fleetscope.sources._http_client import (
     ACCEPT,
+    ScrapeError,
     describe,
     get_capped,
     get_json,
@@ -333,8 +334,6 @@ class HttpSource(Members):
 
 def _definite(e: BaseException) -> bool:
     """An answer that will not change if asked again (404, 405, 501: no such route)."""
-    from fleetscope.sources._http_client import ScrapeError
-
     return isinstance(e, ScrapeError) and str(e) in ("HTTP 404", "HTTP 405", "HTTP 501")
 
 
