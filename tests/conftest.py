@@ -14,8 +14,9 @@ import bisect
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,3 +197,20 @@ def promql_bucket_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> 
     lo = 0.0 if b == 0 else bounds[b - 1]
     below = 0.0 if b == 0 else counts[b - 1]
     return lo + (bounds[b] - lo) * _go_div(rank - below, counts[b] - below)
+
+
+# ``isolation``: run a test module in both collector modes, in-process and with the work in a
+# child process (``pytestmark = pytest.mark.usefixtures("isolation")``). In ``process`` mode
+# every ``Collector(...)`` the test builds without an explicit isolation runs in a child.
+@pytest.fixture(params=["inline", "process"])
+def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "process":
+        import fleetscope.isolation as iso
+
+        def every_collector(endpoints: Sequence[object], options: Mapping[str, Any]) -> bool:
+            cfg = options.get("config")
+            explicit = options.get("isolation") or (cfg.isolation if cfg is not None else None)
+            return explicit in (None, "process", "auto")
+
+        monkeypatch.setattr(iso, "wants_process", every_collector)
+    return str(request.param)

@@ -68,13 +68,30 @@ class Collector(RLLifecycle):
         if source is not None and endpoints:
             raise ValueError("give endpoints (scraped over HTTP) or a source, not both")
         self.source: Source = source or HttpSource(endpoints, **cfg.http_options())
-        self.interval = cfg.interval
-        self.timeout = cfg.timeout
-        self.on_poll = on_poll
         self.pipeline = PollPipeline(cfg)
         self.state, self.windows = self.pipeline.state, self.pipeline.windows
         self.health = self.pipeline.health
         self._init_rl(self.pipeline)  # policy versions, what endpoints serve, weight syncs
+        self._init_loop(sinks, on_poll)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Collector:
+        # isolation="process" (or "auto" over a fleet size) is the same API with the work in a
+        # child process: fleetscope.isolation
+        if cls is Collector and kwargs.get("source") is None:
+            from fleetscope.isolation import IsolatedCollector, wants_process
+
+            if wants_process(args[0] if args else kwargs.get("endpoints", ()), kwargs):
+                return super().__new__(IsolatedCollector)
+        return super().__new__(cls)
+
+    def _init_loop(
+        self, sinks: Sequence[Sink], on_poll: Callable[[FleetView], None] | None
+    ) -> None:
+        """What the trainer's side of any collector holds: the loop, sinks and boundaries."""
+        cfg = self.config
+        self.interval = cfg.interval
+        self.timeout = cfg.timeout
+        self.on_poll = on_poll
         self.fanout = SinkFanout(sinks, queue_size=cfg.sink_queue)
         self.run_status = "running"
         self.last: FleetView | None = None
@@ -154,8 +171,7 @@ class Collector(RLLifecycle):
         if not self._closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._finish(status or "success"), timeout=timeout)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.source.aclose(), timeout=5)
+        await self._close_source()
         await self._close_rl()
         if not self._closed:
             self._closed = True
@@ -164,6 +180,10 @@ class Collector(RLLifecycle):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(fut, timeout=self.config.close_timeout + 1)
             self._pool.shutdown(wait=False)
+
+    async def _close_source(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.source.aclose(), timeout=5)
 
     def start_background(self) -> Collector:
         """Run the collector in a daemon thread with its own event loop (sync trainers)."""
@@ -280,11 +300,14 @@ class Collector(RLLifecycle):
         self._summary_published = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.poll(), timeout=self.timeout * 2)
-        await self._in_stats(self.pipeline.close_windows, time.monotonic())
+        await self._close_windows(time.monotonic())
         if self.run_status == "running":
             self.run_status = status
-        self.fanout.summary(self.summary())
+        self.fanout.summary(await self.asummary())
         self.fanout.run_end(self.run_status)
+
+    async def _close_windows(self, now: float) -> None:
+        await self._in_stats(self.pipeline.close_windows, now)
 
     # ------------------------------------------------------------------ polling
 
@@ -347,21 +370,24 @@ class Collector(RLLifecycle):
                     max_model_len=lens,
                 )
             )
-            self.last = view
-            result = view.result
             try:
                 if before_log is not None:
-                    result.keys.update(await before_log(view))
+                    view.result.keys.update(await before_log(view))
             finally:  # the poll is logged even if the boundary failed
-                self._poll_seconds = time.monotonic() - t0
-                result.keys.update(self._collector_keys())
-                self.fanout.poll(result)
-            if self.on_poll is not None:
-                try:
-                    self.on_poll(view)
-                except Exception as e:
-                    self._warner.warn("on_poll", f"on_poll callback raised {e!r}")
+                self._publish(view, t0)
             return view
+
+    def _publish(self, view: FleetView, t0: float) -> None:
+        """A finished poll: the collector's own keys, the sinks, ``on_poll``."""
+        self.last = view
+        self._poll_seconds = time.monotonic() - t0
+        view.result.keys.update(self._collector_keys())
+        self.fanout.poll(view.result)
+        if self.on_poll is not None:
+            try:
+                self.on_poll(view)
+            except Exception as e:
+                self._warner.warn("on_poll", f"on_poll callback raised {e!r}")
 
     def _collector_keys(self) -> dict[str, float]:
         """The collector's own load: poll duration, skipped ticks, rows dropped per sink."""

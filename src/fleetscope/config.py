@@ -6,11 +6,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetscope.exposition import MAX_BODY_BYTES
 from fleetscope.health import HealthThresholds
 from fleetscope.keys import DEFAULT_KEY_BUDGET, KeyOptions, Schema
+
+Isolation = Literal["inline", "process", "auto"]
+# fleets this large run in a child process under isolation="auto" (benchmarks/bench_poll.py)
+ISOLATION_AUTO_ENDPOINTS = 256
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class CollectorConfig:
         max_engines_per_endpoint: engines tracked per endpoint (labels that churn past it
             evict the least recently seen; their sums are kept under ``{endpoint}.evicted``).
         evict_after: seconds an engine may stay silent before it is evicted (sums kept).
+        isolation: ``"inline"`` (scraping and statistics in this process, off its event
+            loop), ``"process"`` (all of it in a supervised child process: the trainer only
+            receives finished rows; docs/footprint.md) or ``"auto"`` (``"process"`` from
+            :data:`ISOLATION_AUTO_ENDPOINTS` endpoints on).
     """
 
     interval: float = 5.0
@@ -56,8 +64,11 @@ class CollectorConfig:
     close_timeout: float = 30.0
     max_engines_per_endpoint: int = 512
     evict_after: float = 600.0
+    isolation: Isolation = "inline"
 
     def __post_init__(self) -> None:
+        if self.isolation not in ("inline", "process", "auto"):
+            raise ValueError(f"isolation must be inline, process or auto, not {self.isolation!r}")
         if self.interval <= 0:
             raise ValueError("interval must be positive")
         if self.timeout <= 0:

@@ -76,9 +76,13 @@ class ShardWorker:
             new[tok] = layout
         return tok
 
-    async def poll(self) -> dict[str, Any]:
+    async def poll(self, resend: bool = False) -> dict[str, Any]:
+        """One poll's packed scrapes. ``resend``: the driver lost a reply (a timeout), so it may
+        lack layouts that reply carried: send every layout again."""
         scrapes = await self.source.scrape()
         new: dict[str, EngineLayout] = {}
+        if resend:
+            new.update({self._tokens[id(lay)]: lay for lay in self._kept})
         packed = []
         for sc in scrapes:
             engines: list[_Packed] | None = None
@@ -148,6 +152,7 @@ class ShardedSource(Members):
             for i, part in enumerate(parts)
         ]
         self._layouts: dict[str, EngineLayout] = {}
+        self._resend: set[int] = set()  # shards whose last reply was lost (layouts with it)
         self._offsets: dict[int, float] = {}
         self._departures: list[Departure] = []
         self.max_model_len: dict[str, int | None] = {}
@@ -182,8 +187,8 @@ class ShardedSource(Members):
         await self._send_changes()
         replies = await asyncio.gather(
             *(
-                asyncio.wait_for(_ref(s.poll.remote()), self.config.timeout * 4)
-                for s in self.shards
+                asyncio.wait_for(_ref(s.poll.remote(i in self._resend)), self.config.timeout * 4)
+                for i, s in enumerate(self.shards)
             ),
             return_exceptions=True,
         )
@@ -191,8 +196,10 @@ class ShardedSource(Members):
         by_name: dict[str, ScrapeResult] = {}
         for i, reply in enumerate(replies):
             if isinstance(reply, BaseException):
+                self._resend.add(i)
                 by_name.update(self._shard_failed(i, reply))
                 continue
+            self._resend.discard(i)
             offset = self._offsets.setdefault(i, received - reply["now"])
             self._layouts.update(reply["layouts"])
             self.max_model_len.update(reply["max_model_len"])
@@ -205,6 +212,10 @@ class ShardedSource(Members):
                     Departure(endpoint=name, time=None if t is None else t + offset)
                 )
             for meta, engines, types, invalid in reply["scrapes"]:
+                if engines is not None and any(e[1] not in self._layouts for e in engines):
+                    self._resend.add(i)  # cannot happen unless a reply was lost unseen
+                    by_name[meta["endpoint"]] = self._lost_layout(meta)
+                    continue
                 sc = self._unpack(meta, engines, types, invalid, offset)
                 by_name[sc.endpoint] = sc
         # in the endpoints' order: rows, and every float sum over them, as one collector's
@@ -233,6 +244,10 @@ class ShardedSource(Members):
                     snaps[label] = snap
             expo = Exposition(snaps, endpoint_row, types, invalid)
         return ScrapeResult(**{**meta, "time": t, "exposition": expo})
+
+    def _lost_layout(self, meta: dict[str, Any]) -> ScrapeResult:
+        now = time.monotonic()
+        return ScrapeResult(meta["endpoint"], None, now, time.time(), error="layout lost; resent")
 
     def _shard_failed(self, i: int, error: BaseException) -> dict[str, ScrapeResult]:
         """A shard that did not answer: its endpoints' scrapes failed this poll."""

@@ -34,6 +34,8 @@ from fleetscope.simulate import FleetServer, SimEndpoint, SimFleet
 from fleetscope.sources.http import Endpoint
 from fleetscope.view import counter_increase
 
+pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
+
 COUNTERS = (
     "vllm:generation_tokens_total",
     "vllm:prompt_tokens_total",

@@ -20,6 +20,8 @@ from fleetscope.collector import Collector, FleetView
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sources.http import Endpoint
 
+pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
+
 GEN = "vllm:generation_tokens_total"
 PROMPT = "vllm:prompt_tokens_total"
 

@@ -30,6 +30,8 @@ from fleetscope.simulate import FleetServer, LoadProfile, SimFleet
 from fleetscope.sinks.terminal import STATUS, TerminalSink
 from fleetscope.sources.http import Endpoint
 
+pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
+
 KV_PRESSURE = LoadProfile(**KV_PRESSURE_LOAD)
 PLAIN = [{"dp": 2}, {"dp": 1}]  # server0.0, server0.1, server1.0
 DISAGG = [  # prefill0.0, prefill0.1, decode0.0, decode0.1, decode1.0

@@ -23,6 +23,8 @@ from fleetscope.health import CONDITIONS, HealthThresholds
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sources.http import Endpoint
 
+pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
+
 GEN = "vllm:generation_tokens_total"
 NAMES = ("server0", "server1", "server2")
 

@@ -18,6 +18,8 @@ from fleetscope.catalog import BREAKDOWN_LABELS
 from fleetscope.exposition import Parser
 from fleetscope.fleet import FleetState, ScrapeResult
 
+pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
+
 DATA = DATA / "real-vllm-rl"
 RUNS = {"single": ("00_before", "41_final"), "dp2": ("00_before", "20_final")}
 RL = "rl_weight_update_operation_duration_seconds"

@@ -41,6 +41,8 @@ from fleetscope.sources.ray import (
     worker_ids_of_actors,
 )
 
+pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
+
 WALL = 1_795_970_000.0
 MODEL = "tinymodel"
 TTFT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)

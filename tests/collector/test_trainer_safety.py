@@ -19,6 +19,8 @@ from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sources.http import Endpoint
 
+pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
+
 BODY = (
     "# TYPE vllm:generation_tokens_total counter\n"
     'vllm:generation_tokens_total{engine="0",model_name="m"} 1.0\n'

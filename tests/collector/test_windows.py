@@ -34,6 +34,8 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "request_success_total{finished_reason=abort}": ("vllm:request_success_total", "abort"),
     "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total",),
 }
+pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
+
 SCOPES = ("agg", "prefill", "decode")
 
 

@@ -1,0 +1,217 @@
+"""The child process of ``isolation="process"``: a whole collector, driven by the trainer's.
+
+Started as ``python -m fleetscope._isolation_child FD`` (see :mod:`fleetscope.isolation`), it
+runs an ordinary in-process :class:`~fleetscope.collector.Collector` without sinks and answers
+the trainer's commands in order, on one connection: polls, window and sync boundaries,
+membership changes, the summary, checkpoints. Each poll's reply is the finished row (the keys
+and a light :class:`~fleetscope.view.FleetView`: no raw bodies, deltas or per-engine inputs)
+and the child's state as opaque bytes, which the trainer keeps to restart it from. Warnings are
+sent to the trainer's ``fleetscope`` logger.
+
+It never outlives the trainer: the kernel kills it when the trainer dies (PR_SET_PDEATHSIG), and
+it exits when its connection closes. SIGINT and SIGTERM sent to the trainer's process group are
+ignored: the trainer's own shutdown takes the last poll and the summary through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from fleetscope.collector import Collector
+from fleetscope.exposition import Exposition
+from fleetscope.fleet import PollResult
+from fleetscope.sources._membership import Endpoint
+from fleetscope.sources.base import MembershipSource
+from fleetscope.view import FleetView
+from fleetscope.weight_sync import WeightSyncHandle
+
+_PR_SET_PDEATHSIG = 1
+_OK_BODY = Exposition({}, None, {}, ())  # stands in for a parsed body: the scrape succeeded
+
+
+class _Channel:
+    """Sends pickled messages; any thread (replies from the loop, log records from others)."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: object) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self.conn.send_bytes(data)
+
+
+class _ForwardLogs(logging.Handler):
+    """The child's fleetscope warnings, re-emitted by the trainer's ``fleetscope`` logger."""
+
+    def __init__(self, channel: _Channel):
+        super().__init__()
+        self.channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.channel.send(("log", record.levelno, record.name, record.getMessage()))
+
+
+def light_view(view: FleetView) -> FleetView:
+    """What the trainer receives of a poll: everything but raw bodies, deltas and inputs."""
+    r = view.result
+    scrapes = [dataclasses.replace(sc, exposition=_OK_BODY if sc.ok else None) for sc in r.scrapes]
+    result = PollResult(
+        step=r.step,
+        stats=r.stats,
+        keys=r.keys,
+        deltas={},
+        scrapes=scrapes,
+        restarts=list(r.restarts),
+        wall_time=r.wall_time,
+        time=r.time,
+        inputs=[],
+        events=list(r.events),
+    )
+    return dataclasses.replace(view, keys=result.keys, result=result)
+
+
+class ChildServer:
+    """The collector of the child and the commands it answers."""
+
+    def __init__(self, collector: Collector, channel: _Channel):
+        self.c = collector
+        self.channel = channel
+        self.syncs: dict[int, WeightSyncHandle] = {}
+
+    def _state(self) -> bytes:
+        return pickle.dumps(self.c.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _roles(self) -> dict[str, str | None]:
+        src = self.c.source
+        return {e.name: e.role for e in src.endpoints} if isinstance(src, MembershipSource) else {}
+
+    def _row(self, keys: dict[str, float] | None) -> tuple[Any, ...]:
+        assert self.c.last is not None
+        return (light_view(self.c.last), keys, self._state(), self._roles())
+
+    async def handle(self, kind: str, args: tuple[Any, ...]) -> Any:
+        c = self.c
+        if kind == "poll":
+            await c.poll()
+            return self._row(None)
+        if kind == "window":
+            action, label = args
+            keys = await c._boundary(action, label)
+            return self._row(keys)
+        if kind == "sync":
+            action, token, version, ok = args
+            handle = self.syncs.get(token)
+            if handle is None:
+                handle = self.syncs[token] = WeightSyncHandle(c, version)
+                handle.token = token
+            keys = await c._sync_boundary(action, handle, ok=ok)
+            if action == "exit":
+                self.syncs.pop(token, None)
+            return self._row(keys)
+        if kind == "change":
+            add, remove = args
+            if remove:
+                c.remove_endpoints(*remove)
+            if add:
+                c.add_endpoints(*(Endpoint(**d) for d in add))
+            return None
+        if kind == "policy":
+            c.set_policy_version(args[0])
+            return None
+        if kind == "close_windows":
+            await c._close_windows(time.monotonic())
+            return self._state()
+        if kind == "summary":
+            c.run_status = args[0]
+            return await c.asummary()
+        if kind == "state_dict":
+            return c.state_dict()
+        if kind == "load_state_dict":
+            c.load_state_dict(args[0])
+            return (sorted(c.windows.active), sorted(c.windows.paused), self._state())
+        raise ValueError(f"unknown command {kind!r}")
+
+
+async def serve(conn: Connection, init: dict[str, Any]) -> None:
+    channel = _Channel(conn)
+    log = logging.getLogger("fleetscope")
+    log.handlers[:] = [_ForwardLogs(channel)]
+    log.propagate = False
+    log.setLevel(init["log_level"])
+    endpoints = [Endpoint(**d) for d in init["endpoints"]]
+    collector = Collector(endpoints, config=init["config"])
+    if init["state"] is not None:
+        collector.load_state_dict(pickle.loads(init["state"]))
+    if init["policy"] is not None:
+        collector.set_policy_version(init["policy"])
+    server = ChildServer(collector, channel)
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def read() -> None:
+        while True:
+            try:
+                data: bytes | None = conn.recv_bytes()
+            except (EOFError, OSError):
+                data = None
+            loop.call_soon_threadsafe(inbox.put_nowait, data)
+            if data is None:
+                return
+
+    threading.Thread(target=read, name="fleetscope-child-inbox", daemon=True).start()
+    channel.send(("ready", os.getpid()))
+    while True:
+        raw = await inbox.get()
+        if raw is None:
+            break
+        kind, ident, args = pickle.loads(raw)
+        if kind == "exit":
+            break
+        try:
+            payload = await server.handle(kind, args)
+        except Exception as e:
+            channel.send(("error", ident, f"{type(e).__name__}: {e}"))
+        else:
+            channel.send(("reply", ident, payload))
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(collector._close_source(), timeout=5)
+
+
+def _die_with_parent(parent: int) -> None:
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the trainer died before prctl took effect
+        os._exit(0)
+
+
+def main() -> None:
+    fd, parent = int(sys.argv[1]), int(sys.argv[2])
+    _die_with_parent(parent)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    conn = Connection(fd)
+    init = pickle.loads(conn.recv_bytes())
+    asyncio.run(serve(conn, init))
+    with contextlib.suppress(Exception):
+        conn.close()
+    os._exit(0)  # daemon threads (parse pool, inbox) must not delay the exit
+
+
+if __name__ == "__main__":
+    main()
