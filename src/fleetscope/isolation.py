@@ -206,9 +206,9 @@ class ChildLink(Members):
                 else:
                     pending = {}
             code = child.proc.poll()
-            for fut in pending.values():
-                if not fut.done():
-                    fut.set_exception(ChildUnavailable(f"the child process exited ({code})"))
+            for waiting in pending.values():
+                if not waiting.done():
+                    waiting.set_exception(ChildUnavailable(f"the child process exited ({code})"))
             return
         if kind not in ("reply", "error"):
             return
