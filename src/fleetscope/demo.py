@@ -3,7 +3,10 @@
 Starts two plain servers with two data-parallel engines each and a prefill/decode pair, watches
 them with the live view, logs to W&B (offline unless an API key is set) and JSONL, runs a
 ``train`` and an ``eval`` window, stalls one decode engine half way, and ends by printing where
-the results are and a short summary.
+the results are and a short summary. ``engines="mixed"``: the second plain server is a
+simulated SGLang 0.5.23 server (two DP replicas), so ``agg`` pools vLLM and SGLang engines
+(quantiles on their shared bucket bounds, ``.../pooled_bounds``); ``engines="sglang"``: every
+server is SGLang.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from fleetscope.collector import Collector
 from fleetscope.health import HealthThresholds
+from fleetscope.identity import Role
 from fleetscope.sinks.jsonl import JsonlSink
 from fleetscope.sinks.terminal import TerminalSink
 from fleetscope.sources.http import Endpoint
@@ -42,6 +46,7 @@ async def run_demo(
     use_wandb: bool = True,
     live: bool | None = None,
     seed: int = 0,
+    engines: str = "vllm",
 ) -> DemoResult:
     from fleetscope.simulate.fleet import SimFleet
     from fleetscope.simulate.server import FleetServer
@@ -62,7 +67,10 @@ async def run_demo(
             print(f"W&B not installed ({e}); logging to JSONL only")
             wandb_dir = None
 
-    fleet = SimFleet.build(4, dp=2, roles=[None, None, "prefill", "decode"], seed=seed)
+    fleet = SimFleet(seed=seed)
+    roles: list[Role | None] = [None, None, "prefill", "decode"]
+    for role, kind in zip(roles, demo_kinds(engines), strict=True):
+        fleet.add_endpoint(role=role, dp=2, engine_kind=kind)
     fleet.step(3.0)  # engines already busy when we attach
     with FleetServer(fleet, step_interval=0.5) as server:
         endpoints = [
@@ -98,6 +106,15 @@ async def run_demo(
     return DemoResult(out_dir, jsonl_path, wandb_dir, summary, polls)
 
 
+def demo_kinds(engines: str) -> list[str]:
+    """Engine kind of the demo's four servers (server0, server1, prefill0, decode0)."""
+    if engines == "mixed":
+        return ["vllm", "sglang", "vllm", "vllm"]
+    if engines in ("vllm", "sglang"):
+        return [engines] * 4
+    raise ValueError(f"engines must be vllm, sglang or mixed, not {engines!r}")
+
+
 async def _poll_until_tokens(collector: Collector, fleet: Any, *, tries: int = 40) -> None:
     """Poll until a poll shows generated tokens (at most ``tries`` polls,
     each after the simulated fleet has stepped at least once since the previous one)."""
@@ -127,6 +144,7 @@ def print_report(result: DemoResult) -> None:
     t.add_column("gen tok/s", justify="right")
     t.add_column("prefix hit", justify="right")
     t.add_column("TTFT p90 (s)", justify="right")
+    t.add_column("TTFT bounds", justify="right")
     t.add_column("coverage", justify="right")
     for label in ("train", "eval", "idle", "combined"):
         b = f"inference_summary/{label}"
@@ -136,6 +154,7 @@ def print_report(result: DemoResult) -> None:
         rate = s.get(f"{b}/agg/generation_tokens_total:rate/sum")
         hit = s.get(f"{b}/agg/prefix_cache_hit_rate/pooled")
         p90 = s.get(f"{b}/agg/time_to_first_token_seconds/p90")
+        nb = s.get(f"{b}/agg/time_to_first_token_seconds/pooled_bounds")
         cov = s.get(f"{b}/coverage")
         t.add_row(
             label,
@@ -143,10 +162,14 @@ def print_report(result: DemoResult) -> None:
             "—" if rate is None else f"{rate:,.1f}",
             "—" if hit is None else f"{hit:.1%}",
             "—" if p90 is None else f"{p90:.3f}",
+            "—" if nb is None else f"{nb:.0f}",
             "—" if cov is None else f"{cov:.0%}",
         )
     c.print(t)
     c.print(f"polls: {result.polls}   run_status: {s.get('run_status')}")
+    kinds = {k.rsplit("/", 2)[-2]: v for k, v in s.items() if k.endswith("/engine_version") and v}
+    if kinds:
+        c.print("servers: " + ", ".join(f"{n} {v}" for n, v in sorted(kinds.items())))
     # soft_wrap: a path longer than the console is never broken across lines (copy-paste)
     c.print(f"JSONL (every poll + summary): [bold]{escape(str(result.jsonl))}[/]", soft_wrap=True)
     if result.wandb_dir is not None:

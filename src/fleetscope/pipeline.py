@@ -46,6 +46,8 @@ class PollPipeline:
         self.versions = PolicyVersions(stale_seconds=config.health_thresholds.stale_seconds)
         self.syncs = WeightSyncs()
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
+        # endpoint -> (engine kind, server version) as the source reported them (run summary)
+        self.servers: dict[str, tuple[str | None, str | None]] = {}
 
     def process(
         self,
@@ -61,6 +63,8 @@ class PollPipeline:
             for sc in scrapes:
                 if sc.joined:
                     self.windows.endpoint_joins(sc.endpoint, sc.time)
+                if sc.engine_kind is not None or sc.server_version is not None:
+                    self.servers[sc.endpoint] = (sc.engine_kind, sc.server_version)
             result = self.state.observe(scrapes, boundary=boundary)
             for eid in self.state.take_evicted():
                 self.windows.evict(eid, EngineId(eid.endpoint, "evicted"))
@@ -129,6 +133,7 @@ class PollPipeline:
             sp = summary_prefix(self.state.key_options)
             out.update(self.versions.summary_keys(sp))
             out.update(self.syncs.summary_keys(sp))
+            out.update(server_keys(self.servers, sp))
             return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -154,3 +159,17 @@ class PollPipeline:
             if rl:
                 self.versions.load_state_dict(rl["versions"])
                 self.syncs.load_state_dict(rl["syncs"])
+
+
+def server_keys(
+    servers: Mapping[str, tuple[str | None, str | None]], prefix: str
+) -> dict[str, float | str]:
+    """Run-summary strings per endpoint (every endpoint the run watched, departed ones too):
+    ``{prefix}/endpoints/{name}/engine_kind`` and ``.../engine_version``."""
+    out: dict[str, float | str] = {}
+    for name, (kind, version) in sorted(servers.items()):
+        if kind is not None:
+            out[f"{prefix}/endpoints/{name}/engine_kind"] = kind
+        if version is not None:
+            out[f"{prefix}/endpoints/{name}/engine_version"] = version
+    return out

@@ -161,7 +161,7 @@ def test_readme_command(command: str, workdir) -> None:
     cwd, env = workdir
     argv = shlex.split(command)
     sub = argv[1]
-    if sub == "demo":
+    if sub == "demo" and "--engines" not in argv:
         pytest.skip("run end to end by tests/cli/test_demo_wandb.py")
     stack: list = []
     proc: Proc | None = None
@@ -169,13 +169,29 @@ def test_readme_command(command: str, workdir) -> None:
         cmd, _ = with_sim_servers(command, stack)
         argv = [entry_point(), *shlex.split(cmd)[1:]]
         if sub == "simulate":
+            n = int(re.search(r"--endpoints (\d+)", command).group(1))
             proc = Proc(argv, cwd, env)
-            proc.wait_for(lambda: proc.text().count("/metrics") >= 4, "four servers listed")
+            proc.wait_for(lambda: proc.text().count("/metrics") >= n, f"{n} servers listed")
             port = int(re.search(r"--port-base (\d+)", command).group(1))
-            for i in range(4):
+            for i in range(n):
                 r = httpx.get(f"http://127.0.0.1:{port + i}/metrics", timeout=30)
-                assert r.status_code == 200 and "vllm:" in r.text
+                kind = "sglang:" if "--engines mixed" in command and i % 2 else "vllm:"
+                assert r.status_code == 200 and kind in r.text
             assert proc.stop(signal.SIGINT) == 0, proc.text()
+        elif sub == "demo":  # --engines mixed: a vLLM + SGLang fleet, end to end
+            p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                               timeout=3 * DEADLINE_S)  # fmt: skip
+            assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+            report = p.stdout[p.stdout.rfind("fleetscope demo: done") :]
+            assert "run_status: success" in report and "server1 0.5.23" in report, report
+            from fleetscope.sinks.jsonl import read_jsonl
+
+            _, summary = read_jsonl(cwd / "fleetscope-demo" / "polls.jsonl")
+            s = summary
+            assert s["inference_summary/endpoints/server0/engine_version"] == "0.32.0"
+            assert s["inference_summary/endpoints/server1/engine_kind"] == "sglang"
+            ttft = "inference_summary/combined/agg/time_to_first_token_seconds/"
+            assert s[ttft + "pooled_bounds"] == 6.0 and ttft + "p90" in s
         elif sub == "inspect":
             for name in re.findall(r"(\S+\.prom)", command):
                 src = "single_load.prom" if "before" in name else "single_after.prom"

@@ -26,6 +26,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             out_dir=Path(args.out),
             use_wandb=not args.no_wandb,
             live=None if not args.no_tui else False,
+            engines=args.engines,
         )
     )
     print_report(result)
@@ -36,9 +37,10 @@ def add_demo_parsers(sub: argparse._SubParsersAction) -> None:
     """``simulate`` and ``demo``."""
     sim = sub.add_parser(
         "simulate",
-        help="serve a simulated vLLM fleet on loopback",
+        help="serve a simulated vLLM (or SGLang, or mixed) fleet on loopback",
         add_help=False,
-        description="Serve a simulated vLLM 0.32 fleet (see `fleetscope simulate --help`).",
+        description="Serve a simulated vLLM 0.32 / SGLang 0.5.23 fleet (see `fleetscope "
+        "simulate --help`).",
     )
     sim.add_argument("rest", nargs=argparse.REMAINDER)
     sim.set_defaults(func=cmd_simulate)
@@ -52,4 +54,10 @@ def add_demo_parsers(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--out", default="fleetscope-demo", help="output folder")
     d.add_argument("--no-wandb", action="store_true", help="skip the W&B sink")
     d.add_argument("--no-tui", action="store_true", help="print tables instead of a live view")
+    d.add_argument(
+        "--engines",
+        choices=["vllm", "sglang", "mixed"],
+        default="vllm",
+        help="vllm (default), sglang, or mixed: server1 is an SGLang 0.5.23 server",
+    )
     d.set_defaults(func=cmd_demo)

@@ -1,4 +1,4 @@
-"""A simulated vLLM 0.32 fleet: real prometheus_client expositions, a load model, faults.
+"""A simulated vLLM 0.32 / SGLang 0.5.23 fleet: real expositions, a load model, faults.
 
 Quick use::
 
@@ -11,10 +11,15 @@ Quick use::
         httpx.get(server.metrics_urls[1])
         fleet.endpoint("decode1").set_http_error(500) # faults, see SimEndpoint
     fleet.endpoint("decode0").engines[0].truth.counter("vllm:generation_tokens_total")
+    mixed = SimFleet.build(4, dp=2, engine_kind="mixed")  # server0, server2 vLLM; 1, 3 SGLang
+    mixed.endpoint("server1").truth_total("sglang:generation_tokens_total")
 
 Pieces: ``vllm_families`` (the catalogue, plain data), ``engine.SimEngine`` (one engine core and
 its load model), ``endpoint.SimEndpoint`` (one API server: registry, modes, faults),
 ``fleet.SimFleet`` (endpoints on one clock and lock), ``server.FleetServer`` (asyncio HTTP).
+SGLang mode: ``sglang_families`` (SGLang 0.5.23's families), ``sglang_engine.SglangEngine`` (the
+same load model recording SGLang's metrics), ``sglang_endpoint.SglangEndpoint`` (a tokenizer and
+one scheduler per DP replica, multiprocess body, SGLang's side routes).
 
 Command-line entry (for ``fleetscope simulate``)::
 
@@ -22,10 +27,12 @@ Command-line entry (for ``fleetscope simulate``)::
         --endpoints N --dp K --roles none,prefill,decode | --prefill P --decode D
         --port-base PORT --step-interval S --mode single|multiprocess --seed N
         --model-name NAME --max-model-len L --arrival-rate R --duration S
+        --engines vllm|sglang|mixed
 
     serve_forever(endpoints=4, dp=1, roles=None, port_base=None, step_interval=1.0, *,
                   mode=None, seed=0, model_name="tinymodel", max_model_len=512,
-                  arrival_rate=None, duration=None, stop_event=None, log=print) -> None
+                  arrival_rate=None, duration=None, stop_event=None, log=print,
+                  engine_kind="vllm") -> None
 """
 
 from .endpoint import (
@@ -37,9 +44,11 @@ from .endpoint import (
     SimEndpoint,
 )
 from .engine import LAZY_SERIES_DONORS, LoadProfile, SimEngine
-from .fleet import SimFleet
+from .fleet import SimFleet, endpoint_kinds
 from .ledger import HistogramCounts, Ledger, Truth
 from .server import FleetServer, cli_main, serve_forever
+from .sglang_endpoint import SglangEndpoint
+from .sglang_engine import SglangEngine
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -51,11 +60,14 @@ __all__ = [
     "Ledger",
     "LoadProfile",
     "MetricsResponse",
+    "SglangEndpoint",
+    "SglangEngine",
     "SimClock",
     "SimEndpoint",
     "SimEngine",
     "SimFleet",
     "Truth",
     "cli_main",
+    "endpoint_kinds",
     "serve_forever",
 ]

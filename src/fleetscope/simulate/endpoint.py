@@ -56,6 +56,9 @@ from .vllm_families import (
 
 Mode = Literal["single", "multiprocess"]
 
+#: what a simulated vLLM server answers on ``GET /version``
+VLLM_VERSION = "0.32.0"
+
 #: Content type vLLM (prometheus_client) answers ``/metrics`` with.
 CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -169,7 +172,12 @@ class SimEndpoint:
         faults: current ``EndpointFaults``.
         worker_id: 56-hex id answered by ``/get_metrics_worker_info``.
         restarts: number of whole-server restarts.
+        engine_kind / server_version: ``"vllm"`` and what ``GET /version`` answers.
     """
+
+    engine_kind = "vllm"
+    server_version = VLLM_VERSION
+    engine_class: type[SimEngine] = SimEngine
 
     def __init__(
         self,
@@ -223,7 +231,7 @@ class SimEndpoint:
         self._last_step_sim = self.clock.sim_time
         self._reset_server_state(self.clock.wall())
         self.engines: list[SimEngine] = [
-            SimEngine(self, i, self.load, seed, self._engine_start(i), record_observations)
+            self.engine_class(self, i, self.load, seed, self._engine_start(i), record_observations)
             for i in range(dp)
         ]
         #: the RL endpoints (/weight_info, /update_weight_version, /pause ...): see rl.py
@@ -653,6 +661,13 @@ class SimEndpoint:
         with self._lock:
             self.rl.resume()
             self._touch()
+
+    def json_route(self, path: str) -> tuple[int, Any] | None:
+        """Routes an engine kind answers beyond the common ones: ``(status, JSON)``, or None
+        (vLLM: ``GET /version`` -> ``{"version": "0.32.0"}``)."""
+        if path == "/version":
+            return 200, {"version": self.server_version}
+        return None
 
     def worker_info(self) -> dict[str, Any]:
         """``GET /get_metrics_worker_info``: ``{"worker_id": ..., "role": ...}``."""

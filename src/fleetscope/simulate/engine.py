@@ -215,6 +215,13 @@ class SimEngine:
         self.has_stepped = False
         self.exported = Ledger(self.record_observations)
         self.created: dict[tuple[str, SeriesKey], float] = {}
+        self._create_series()
+        self.gauges: dict[str, dict[SeriesKey, float]] = {}
+        self._update_gauges()
+
+    def _create_series(self) -> None:
+        """The series a fresh engine process exports before any request (vLLM pre-creates
+        every per-engine counter child and histogram; another engine kind overrides this)."""
         for spec in FAMILIES:
             if not spec.per_engine:
                 continue
@@ -228,8 +235,6 @@ class SimEngine:
                 self.exported.ensure_histogram(spec.name, self.bounds[spec.name])
                 self.truth.ensure_histogram(spec.name, self.bounds[spec.name])
                 self._note_created(spec.name, ())
-        self.gauges: dict[str, dict[SeriesKey, float]] = {}
-        self._update_gauges()
 
     def _note_created(self, family: str, key: SeriesKey) -> None:
         self.created[(family, key)] = self.start_wall + 1e-6 * self._created_seq

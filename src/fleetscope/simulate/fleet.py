@@ -4,10 +4,26 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .endpoint import Mode, SimClock, SimEndpoint
 from .engine import LoadProfile, Role, SimEngine
+from .sglang_endpoint import SglangEndpoint
+
+#: ``engine_kind`` of one endpoint, or of a fleet (``mixed``: vLLM and SGLang alternately)
+EngineKind = Literal["vllm", "sglang"]
+FleetKind = Literal["vllm", "sglang", "mixed"]
+ENDPOINT_CLASSES: dict[str, type[SimEndpoint]] = {"vllm": SimEndpoint, "sglang": SglangEndpoint}
+
+
+def endpoint_kinds(kind: str, endpoints: int) -> list[EngineKind]:
+    """Each endpoint's engine kind for a fleet of ``kind`` (``mixed``: vllm, sglang, vllm...)."""
+    if kind == "mixed":
+        return ["vllm" if i % 2 == 0 else "sglang" for i in range(endpoints)]
+    if kind not in ENDPOINT_CLASSES:
+        raise ValueError(f"engine kind must be vllm, sglang or mixed, not {kind!r}")
+    return [kind] * endpoints  # type: ignore[list-item]
+
 
 _ROLE_PREFIX = {None: "server", "prefill": "prefill", "decode": "decode"}
 
@@ -55,15 +71,19 @@ class SimFleet:
         seed: int = 0,
         wall_start: float | None = None,
         record_observations: bool = True,
+        engine_kind: FleetKind | str = "vllm",
     ) -> SimFleet:
         """A fleet of ``endpoints`` identical servers with ``dp`` engines each.
 
         ``roles`` (one per endpoint, ``None``/``"prefill"``/``"decode"``) names them
         ``prefill0``, ``decode0``, ``decode1``... (counted per role); without roles they are
         ``server0``, ``server1``... ``mode`` defaults to multiprocess iff ``dp > 1``.
+        ``engine_kind``: ``vllm`` (vLLM 0.32 servers), ``sglang`` (SGLang 0.5.23 servers,
+        always multiprocess) or ``mixed`` (even endpoints vLLM, odd ones SGLang).
         """
         if roles is not None and len(roles) != endpoints:
             raise ValueError(f"{len(roles)} roles for {endpoints} endpoints")
+        kinds = endpoint_kinds(engine_kind, endpoints)
         fleet = cls(seed=seed, wall_start=wall_start, record_observations=record_observations)
         for i in range(endpoints):
             fleet.add_endpoint(
@@ -73,6 +93,7 @@ class SimFleet:
                 model_name=model_name,
                 max_model_len=max_model_len,
                 load=load,
+                engine_kind=kinds[i],
             )
         return fleet
 
@@ -86,9 +107,14 @@ class SimFleet:
         max_model_len: int = 512,
         load: LoadProfile | None = None,
         name: str | None = None,
+        engine_kind: EngineKind | str = "vllm",
         **kwargs: Any,
     ) -> SimEndpoint:
-        """Create an endpoint on the fleet's clock and lock (named per role unless ``name``)."""
+        """Create an endpoint on the fleet's clock and lock (named per role unless ``name``);
+        ``engine_kind`` ``vllm`` or ``sglang`` (:class:`SglangEndpoint`)."""
+        cls = ENDPOINT_CLASSES.get(engine_kind)
+        if cls is None:
+            raise ValueError(f"engine_kind must be vllm or sglang, not {engine_kind!r}")
         with self.lock:
             if name is None:
                 n = self._role_counts.get(role, 0)
@@ -97,7 +123,7 @@ class SimFleet:
             if any(ep.name == name for ep in self.endpoints):
                 raise ValueError(f"duplicate endpoint name {name!r}")
             kwargs.setdefault("record_observations", self.record_observations)
-            endpoint = SimEndpoint(
+            endpoint = cls(
                 name,
                 role=role,
                 dp=dp,

@@ -9,6 +9,9 @@
 * ``GET /v1/models`` -- OpenAI-style model list with ``max_model_len``;
 * ``GET /get_metrics_worker_info`` -- ``{"worker_id": "...", "role": null|"prefill"|"decode"}``;
 * ``GET /health`` -- 200, empty body;
+* ``GET /version`` (vLLM: ``{"version": "0.32.0"}``) and, for SGLang endpoints,
+  ``GET /server_info`` / ``/get_server_info`` / ``/model_info`` (SGLang 0.5.23 has no
+  ``/version``): ``SimEndpoint.json_route``;
 * vLLM's RL routes (``GET /weight_info``, ``POST /update_weight_version``, ``POST /pause``,
   ``POST /resume``, ``GET /is_paused``): see :mod:`fleetscope.simulate.rl`.
 
@@ -306,6 +309,10 @@ class FleetServer:
             return await self._send(writer, rl[0], _JSON, data, keep_alive, method)
         if method not in ("GET", "HEAD"):
             return await self._send(writer, 405, _TEXT, b"Method Not Allowed\n", keep_alive, method)
+        extra = endpoint.json_route(path)  # per engine kind (/version, /server_info ...)
+        if extra is not None:
+            data = json.dumps(extra[1]).encode()
+            return await self._send(writer, extra[0], _JSON, data, keep_alive, method)
         if path == "/metrics":
             loop = asyncio.get_running_loop()
             response = await loop.run_in_executor(self._executor, endpoint.metrics_response)
@@ -368,6 +375,7 @@ def serve_forever(
     duration: float | None = None,
     stop_event: threading.Event | None = None,
     log: Callable[[str], None] = print,
+    engine_kind: str = "vllm",
 ) -> None:
     """Build a fleet, serve it on loopback and step it in real time until interrupted.
 
@@ -382,6 +390,7 @@ def serve_forever(
         duration: stop after this many seconds (default: run until Ctrl-C or ``stop_event``).
         stop_event: stop when this event is set.
         log: where the URL list goes.
+        engine_kind: ``vllm``, ``sglang`` or ``mixed`` (see ``SimFleet.build``).
     """
     if roles is not None:
         endpoints = len(roles)
@@ -396,12 +405,16 @@ def serve_forever(
         load=load,
         seed=seed,
         record_observations=False,
+        engine_kind=engine_kind,
     )
     stop = stop_event or threading.Event()
     with FleetServer(fleet, port_base=port_base, step_interval=step_interval) as server:
         for endpoint, url in zip(fleet.endpoints, server.urls, strict=True):
             role = endpoint.role or "-"
-            log(f"{endpoint.name:<10} role={role:<8} dp={len(endpoint.engines)} {url}/metrics")
+            log(
+                f"{endpoint.name:<10} {endpoint.engine_kind:<6} role={role:<8} "
+                f"dp={len(endpoint.engines)} {url}/metrics"
+            )
         with contextlib.suppress(KeyboardInterrupt):
             stop.wait(duration)
 
@@ -423,7 +436,14 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     """``fleetscope simulate`` entry point: parse ``argv`` and ``serve_forever``."""
     parser = argparse.ArgumentParser(
         prog="fleetscope simulate",
-        description="Serve a simulated vLLM 0.32 fleet on 127.0.0.1 (one port per endpoint).",
+        description="Serve a simulated vLLM 0.32 / SGLang 0.5.23 fleet on 127.0.0.1 (one port"
+        " per endpoint).",
+    )
+    parser.add_argument(
+        "--engines",
+        choices=["vllm", "sglang", "mixed"],
+        default="vllm",
+        help="engine kind of the servers (mixed: vLLM and SGLang alternately)",
     )
     parser.add_argument("--endpoints", type=int, default=4, help="number of API servers")
     parser.add_argument("--dp", type=int, default=1, help="engines per API server")
@@ -456,5 +476,6 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         arrival_rate=args.arrival_rate,
         duration=args.duration,
+        engine_kind=args.engines,
     )
     return 0

@@ -48,6 +48,10 @@ class ScrapeResult:
     # the connection was refused since the endpoint's last success (its process may have
     # restarted without leaving evidence in its counters)
     refused_since_success: bool = False
+    # the server's engine kind (``vllm`` / ``sglang``, from its body) and version (``GET
+    # /version``, SGLang's ``/server_info``), once the HTTP source has learnt them
+    engine_kind: str | None = None
+    server_version: str | None = None
 
     @property
     def ok(self) -> bool:

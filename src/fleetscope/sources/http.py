@@ -39,6 +39,7 @@ from fleetscope.sources._http_client import (
     new_client,
 )
 from fleetscope.sources._membership import Endpoint, EndpointSet, Members, name_endpoints
+from fleetscope.sources._server_version import ServerVersions
 from fleetscope.sources.base import Departure, ScrapeResult
 
 __all__ = ["ACCEPT", "Endpoint", "HttpSource", "name_endpoints"]
@@ -101,6 +102,8 @@ class HttpSource(Members):
         self._last_time: dict[str, float] = {}  # endpoint -> its last scrape (any outcome)
         self._refused: set[str] = set()  # refused since their last success
         self._side: dict[str, _Side] = {e.name: self._new_side(e) for e in self.endpoints}
+        # GET /version once per endpoint, and the catalog's names checked against its body
+        self.server_versions = ServerVersions(self.warn, deadline=self.side_timeout)
 
     # ------------------------------------------------------------------ membership
 
@@ -122,6 +125,7 @@ class HttpSource(Members):
         side = self._side.pop(name, None)
         if side is not None and side.task is not None:
             side.task.cancel()
+        self.server_versions.forget(name)
 
     def take_departures(self) -> list[Departure]:
         out, self._departures = self._departures, []
@@ -144,6 +148,7 @@ class HttpSource(Members):
         for side in self._side.values():
             if side.task is not None:
                 side.task.cancel()
+        self.server_versions.cancel()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -165,12 +170,17 @@ class HttpSource(Members):
         pending = [
             t for e, r in zip(endpoints, results, strict=True) if (t := self._side_task(e, r))
         ]
+        pending += self.server_versions.start(self._ensure_client, endpoints, results)
         if pending:
             await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
         # roles learnt so far apply to this poll's scrapes already
         by_name = {e.name: e for e in self.endpoints}
         return [
-            r if r.role == by_name[r.endpoint].role else replace(r, role=by_name[r.endpoint].role)
+            self.server_versions.annotate(
+                r
+                if r.role == by_name[r.endpoint].role
+                else replace(r, role=by_name[r.endpoint].role)
+            )
             for r in results
         ]
 

@@ -31,6 +31,7 @@ from fleetscope.stats.plans import HistogramSpec, Plan, engine_matrix, metric_na
 from fleetscope.stats.quantiles import bucket_quantile, pool_buckets
 
 __all__ = [
+    "POOLED_BOUNDS",
     "QUANTILES",
     "STATS",
     "EngineInput",
@@ -50,6 +51,8 @@ __all__ = [
 
 STATS: tuple[str, ...] = ("min", "max", "sum", "mean", "median")
 QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+#: per scope and histogram, next to the quantiles: finite bounds of the pooled bucket layout
+POOLED_BOUNDS = "pooled_bounds"
 
 
 # ----------------------------------------------------------------------------- scopes
@@ -388,4 +391,8 @@ def _reduce_scope(
             v = bucket_quantile(q, b, c)
             if not math.isnan(v):
                 m[label] = v
+        if any(label in m for label in QUANTILES):
+            # how coarse the pooled layout was (the intersection of the scope's layouts): a
+            # p90 from 6 shared bounds is not a fine one
+            m[POOLED_BOUNDS] = float(sum(1 for x in b if math.isfinite(x)))
     return stats

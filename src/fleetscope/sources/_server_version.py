@@ -1,0 +1,272 @@
+"""The server's version, read once per endpoint, and a check of the catalog against its body.
+
+vLLM answers ``GET /version`` with ``{"version": "0.32.0"}``. SGLang 0.5.x has no ``/version``
+route (404): its version is the ``version`` field of ``GET /server_info`` (0.5.23; the deprecated
+alias ``/get_server_info`` is the route of 0.5.2). So the probe asks ``/version``, and on a
+definite "no such route" ``/server_info`` then ``/get_server_info``; only the ``version`` field
+is read (``/server_info`` lists server arguments: nothing of it is logged or kept).
+
+Like the HTTP source's other side requests (docs/sources.md): each request has its own short
+deadline and the side-body cap, the probe runs beside the poll and is waited for only until the
+poll's deadline, a failure is retried with backoff (30 s doubling to 15 min), and a definite
+answer (a version, or every route missing) is never asked again.
+
+Once the version is settled, the names the catalog maps or queries for the endpoint's engine
+kind at that version (:func:`expected_families`) are looked for in its bodies; a headline
+metric none of whose names appears, once the server has shown traffic, is warned about once,
+naming the endpoint and the names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from fleetscope.catalog import (
+    FAMILIES,
+    GENERATION_RATE,
+    KV_USAGE,
+    PROMPT_RATE,
+    RAY_PREFIXES,
+    RUNNING,
+    WAITING,
+    Family,
+)
+from fleetscope.sources._http_client import ScrapeError, describe, get_json
+from fleetscope.sources.base import ScrapeResult
+
+if TYPE_CHECKING:
+    import httpx
+
+    from fleetscope.exposition import Exposition
+    from fleetscope.sources._membership import Endpoint
+
+#: routes asked in order; the next one only after a definite "no such route"
+VERSION_ROUTES: tuple[str, ...] = ("/version", "/server_info", "/get_server_info")
+RETRY_FIRST = 30.0
+RETRY_MAX = 900.0
+#: bodies (with traffic) whose family names are pooled before absent names are judged
+JUDGE_BODIES = 3
+
+# headline metrics (canonical vLLM names) every engine kind must expose once it served
+# requests: what the view, the health checks and the headline keys read
+_TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+HEADLINE_FAMILIES: tuple[str, ...] = (
+    "vllm:" + RUNNING,
+    "vllm:" + WAITING,
+    "vllm:" + KV_USAGE,
+    "vllm:" + GENERATION_RATE.removesuffix("_total:rate"),
+    "vllm:" + PROMPT_RATE.removesuffix("_total:rate"),
+    _TIME_TO_FIRST_TOKEN,
+)
+#: families whose presence shows that the server has served requests (SGLang creates its
+#: tokenizer's children on first use)
+_TRAFFIC = ("vllm:generation_tokens", _TIME_TO_FIRST_TOKEN)
+
+_VERSION_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+\-_]{0,63}")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.5.23"`` -> ``(0, 5, 23)``; suffixes (``rc1``, ``.post1``, ``+cu121``) ignored."""
+    out = []
+    for part in version.split("+", 1)[0].split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        out.append(int(digits.group()))
+        if digits.end() != len(part):
+            break
+    return tuple(out)
+
+
+def _in_range(f: Family, version: str | None) -> bool:
+    if version is None:
+        return True
+    v = version_tuple(version)
+    if not v:
+        return True
+    if f.first is not None and v < version_tuple(f.first):
+        return False
+    return not (f.last is not None and v > version_tuple(f.last))
+
+
+def expected_families(kind: str, version: str | None) -> dict[str, tuple[str, ...]]:
+    """Headline metric -> the ``kind`` family names (catalog base names, any one suffices)
+    that the catalog maps or queries for it at ``version`` (None: every version)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for canonical in HEADLINE_FAMILIES:
+        names = tuple(
+            f.name
+            for f in FAMILIES
+            if f.engine == kind
+            and (f.parsed_name == canonical or f.name == canonical)
+            and _in_range(f, version)
+        )
+        if kind == "vllm" and canonical not in names:
+            names = (canonical, *names)  # vLLM's own current name needs no table row
+        if names:
+            out[canonical] = names
+    return out
+
+
+def body_families(expo: Exposition) -> set[str]:
+    """Base family names of a body as exposed (``_total`` stripped, Ray's prefix undone)."""
+    out = set()
+    for name in expo.types:
+        for ray, prefix in RAY_PREFIXES.items():
+            if name.startswith(ray):
+                name = prefix + name[len(ray) :]
+                break
+        out.add(name.removesuffix("_total"))
+    return out
+
+
+def engine_kind(names: Iterable[str]) -> str | None:
+    """``sglang`` if any family is SGLang's, else ``vllm`` if any is vLLM's, else None."""
+    kind = None
+    for n in names:
+        if n.startswith("sglang:"):
+            return "sglang"
+        if n.startswith("vllm:"):
+            kind = "vllm"
+    return kind
+
+
+def _definite(e: BaseException) -> bool:
+    return isinstance(e, ScrapeError) and str(e) in ("HTTP 404", "HTTP 405", "HTTP 501")
+
+
+@dataclass
+class _Probe:
+    version: str | None = None
+    settled: bool = False  # a version, or every route definitely missing
+    kind: str | None = None
+    next_try: float = 0.0
+    wait: float = RETRY_FIRST
+    task: asyncio.Task[None] | None = None
+    seen: set[str] = field(default_factory=set)
+    bodies: int = 0
+    judged: bool = False
+
+
+class ServerVersions:
+    """Per endpoint: its engine kind (from the body), its version (``GET /version`` ...), and
+    the once-only check of the catalog's names against its bodies."""
+
+    def __init__(self, warn: Callable[[str, str, str], None], *, deadline: float) -> None:
+        self._warn = warn  # (endpoint, kind, message): rate limited, redacted
+        self.deadline = deadline
+        self._probes: dict[str, _Probe] = {}
+
+    # ------------------------------------------------------------------ results
+
+    def version(self, name: str) -> str | None:
+        p = self._probes.get(name)
+        return None if p is None else p.version
+
+    def annotate(self, r: ScrapeResult) -> ScrapeResult:
+        """``r`` with the endpoint's engine kind and version (when known)."""
+        p = self._probes.get(r.endpoint)
+        if p is None or (p.kind == r.engine_kind and p.version == r.server_version):
+            return r
+        return replace(r, engine_kind=p.kind, server_version=p.version)
+
+    def forget(self, name: str) -> None:
+        p = self._probes.pop(name, None)
+        if p is not None and p.task is not None:
+            p.task.cancel()
+
+    def cancel(self) -> None:
+        for p in self._probes.values():
+            if p.task is not None:
+                p.task.cancel()
+
+    # ------------------------------------------------------------------ polling
+
+    def start(
+        self,
+        client: Callable[[], Awaitable[httpx.AsyncClient]],
+        endpoints: Sequence[Endpoint],
+        results: Sequence[ScrapeResult],
+    ) -> list[asyncio.Task[None]]:
+        """Note this poll's bodies; start (or return running) probes of endpoints that answered
+        and whose version is not settled. The caller waits for them only until its deadline."""
+        tasks = []
+        now = time.monotonic()
+        for ep, r in zip(endpoints, results, strict=True):
+            if r.exposition is None:
+                continue
+            p = self._probes.setdefault(ep.name, _Probe())
+            self._observe(ep.name, p, r.exposition)
+            if p.settled:
+                continue
+            if p.task is not None and not p.task.done():
+                tasks.append(p.task)
+            elif now >= p.next_try:
+                p.task = asyncio.get_running_loop().create_task(self._probe(client, ep, p))
+                tasks.append(p.task)
+        return tasks
+
+    async def _probe(
+        self, client: Callable[[], Awaitable[httpx.AsyncClient]], ep: Endpoint, p: _Probe
+    ) -> None:
+        c = await client()
+        for route in VERSION_ROUTES:
+            try:
+                data = await get_json(
+                    c, ep.base_url + route, headers=ep.headers, deadline=self.deadline
+                )
+            except Exception as e:
+                if _definite(e):
+                    continue  # no such route: ask the next one
+                p.next_try = time.monotonic() + p.wait
+                self._warn(
+                    ep.name,
+                    "version",
+                    f"{route} of {ep.name} unavailable: {describe(e, self.deadline)}; "
+                    f"asking again in {p.wait:g} s",
+                )
+                p.wait = min(p.wait * 2, RETRY_MAX)
+                return
+            v = data.get("version") if isinstance(data, dict) else None
+            if isinstance(v, str) and _VERSION_RE.fullmatch(v):
+                p.version = v
+                break
+            # an answer without a usable version: the next route may have one
+        p.settled = True
+
+    # ------------------------------------------------------------------ the catalog check
+
+    def _observe(self, name: str, p: _Probe, expo: Exposition) -> None:
+        if p.judged:
+            return
+        names = body_families(expo)
+        p.kind = engine_kind(names) or p.kind
+        if not p.settled:
+            return
+        p.seen |= names
+        expected = expected_families(p.kind, p.version) if p.kind else {}
+        traffic = all(any(n in p.seen for n in expected.get(t, (t,))) for t in _TRAFFIC)
+        if traffic:
+            p.bodies += 1
+        if not expected or p.bodies < JUDGE_BODIES:
+            return
+        p.judged = True
+        missing = [" / ".join(alts) for alts in expected.values() if not p.seen & set(alts)]
+        p.seen = set()
+        if missing:
+            self._missing(name, p, missing)
+
+    def _missing(self, name: str, p: _Probe, missing: list[str]) -> None:
+        version = p.version or "unknown version"
+        self._warn(
+            name,
+            "catalog",
+            f"{name} ({p.kind} {version}) serves none of {', '.join(missing)}: the catalog "
+            f"maps or queries these names for {p.kind} {version}; the metrics they feed are "
+            "missing for this endpoint (docs/sglang.md)",
+        )
