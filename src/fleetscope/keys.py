@@ -112,7 +112,7 @@ class KeyDict(dict[str, Any]):
         super().__init__(*args, **kwargs)
         self.full_only: set[str] = set(full_only)
 
-    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def update(self, *args: Any, **kwargs: Any) -> None:
         super().update(*args, **kwargs)
         for other in args:
             if isinstance(other, KeyDict):
@@ -188,8 +188,8 @@ def compact_stats(
             return frozenset() if breakdown else frozenset({"sum", "cv"})
         return frozenset({"sum"}) if breakdown else frozenset({"sum", "min", "max", "cv"})
     if kind == "ratio":
-        return frozenset({"pooled"}) if interval or breakdown else frozenset(
-            {"pooled", "min", "max"}
+        return (
+            frozenset({"pooled"}) if interval or breakdown else frozenset({"pooled", "min", "max"})
         )
     if kind == "gauge":
         if breakdown:
@@ -426,9 +426,7 @@ def _cv_engine_keys(stats: PollStats, scope: str, sbase: str, out: dict[str, flo
             out[sbase + name + "_num_engines"] = _cv_engines(stats, scope, metric)
 
 
-def skyrl_keys(
-    stats: PollStats, prefix: str = "vllm", window: str | None = None
-) -> KeyDict:
+def skyrl_keys(stats: PollStats, prefix: str = "vllm", window: str | None = None) -> KeyDict:
     """SkyRL's step keys. Role scopes get their own sub-prefix (``vllm/train/decode/...``).
     All of them are in the compact set (they are few, and each is one SkyRL key)."""
     out = KeyDict()

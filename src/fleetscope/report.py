@@ -39,9 +39,7 @@ def accumulator_keys(
     return interval_keys(stats, base, meta)
 
 
-def summary_keys(
-    run: Mapping[str, Accumulator], options: KeyOptions, status: str
-) -> KeyDict:
+def summary_keys(run: Mapping[str, Accumulator], options: KeyOptions, status: str) -> KeyDict:
     """The run summary: every run label with polls (and ``combined``), and ``run_status``."""
     out = KeyDict()
     for label, acc in run.items():
