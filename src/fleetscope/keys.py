@@ -297,24 +297,26 @@ def engine_keys(
     out = KeyDict()
     full_only = out.full_only
     cols = stats.columns
-    col_idx = range(len(cols)) if metrics is None else [cols.index(m) for m in metrics if m in cols]
-    compact = [compact_engine_column(c, stats.kinds) for c in cols]
+    col_idx = (
+        list(range(len(cols))) if metrics is None else [cols.index(m) for m in metrics if m in cols]
+    )
     rows = (
-        range(len(stats.engine_ids))
+        list(range(len(stats.engine_ids)))
         if engines is None
         else [stats.row_of[e] for e in engines if e in stats.row_of]
     )
-    mat = stats.matrix
-    for i in rows:
-        base = f"{prefix}/{stats.engine_ids[i]}/"
-        row = mat[i]
-        for j in col_idx:
-            v = row[j]
-            if v == v and v not in (math.inf, -math.inf):
-                key = base + cols[j]
-                out[key] = float(v)
-                if not compact[j]:
-                    full_only.add(key)
+    if not rows or not col_idx:
+        return out
+    names = [cols[j] for j in col_idx]
+    compact = [compact_engine_column(c, stats.kinds) for c in names]
+    sub = stats.matrix[np.ix_(rows, col_idx)]
+    ri, ci = np.nonzero(np.isfinite(sub))  # row-major: each engine's keys in column order
+    values = sub[ri, ci].tolist()
+    bases = [f"{prefix}/{stats.engine_ids[i]}/" for i in rows]
+    cs = ci.tolist()
+    keys = [bases[r] + names[c] for r, c in zip(ri.tolist(), cs, strict=True)]
+    dict.update(out, zip(keys, values, strict=True))
+    full_only.update(k for k, c in zip(keys, cs, strict=True) if not compact[c])
     return out
 
 
