@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.boundaries import BoundaryLedger, WindowHandle
 from fleetscope.config import CollectorConfig
-from fleetscope.keys import key_prefix
+from fleetscope.keys import KeyDict, key_prefix
 from fleetscope.pipeline import PollPipeline
 from fleetscope.report import accumulator_keys
 from fleetscope.rl_lifecycle import RLLifecycle
@@ -251,7 +251,7 @@ class Collector(RLLifecycle):
     async def _boundary(self, action: str, label: str) -> dict[str, float]:
         """A window boundary: a poll, then the action at that poll's scrape times; the
         window's keys ride in the same row as the poll's."""
-        keys: dict[str, float] = {}
+        keys = KeyDict()  # keeps the window keys' compact subset (KeyDict.full_only)
 
         async def at_boundary(view: FleetView) -> Mapping[str, float]:
             result = view.result

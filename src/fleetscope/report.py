@@ -1,10 +1,14 @@
-"""Window and run-summary keys: an accumulator's reduced sums under the chosen key schema."""
+"""Window and run-summary keys: an accumulator's reduced sums under the chosen key schema.
+
+Both return a :class:`fleetscope.keys.KeyDict`: the full key set, with the names the compact
+set (W&B's default) leaves out marked ``full_only``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from fleetscope.keys import (
+    KeyDict,
     KeyOptions,
     interval_keys,
     key_prefix,
@@ -16,11 +20,11 @@ from fleetscope.windows import COMBINED, Accumulator
 
 def accumulator_keys(
     acc: Accumulator, label: str, options: KeyOptions, *, summary: bool
-) -> dict[str, float]:
+) -> KeyDict:
     """A window's keys (``summary=False``) or a run label's summary keys."""
     stats = acc.stats()
     if stats is None:
-        return {}
+        return KeyDict()
     meta = {
         "active_seconds": acc.active_seconds,
         "coverage": acc.coverage(),
@@ -35,11 +39,9 @@ def accumulator_keys(
     return interval_keys(stats, base, meta)
 
 
-def summary_keys(
-    run: Mapping[str, Accumulator], options: KeyOptions, status: str
-) -> dict[str, float | str]:
+def summary_keys(run: Mapping[str, Accumulator], options: KeyOptions, status: str) -> KeyDict:
     """The run summary: every run label with polls (and ``combined``), and ``run_status``."""
-    out: dict[str, float | str] = {}
+    out = KeyDict()
     for label, acc in run.items():
         if label == COMBINED or acc.polls:
             out.update(accumulator_keys(acc, label, options, summary=True))

@@ -50,6 +50,7 @@ def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list:
                 name=args.wandb_name,
                 dir=args.wandb_dir,
                 alerts=args.wandb_alerts,
+                keys=getattr(args, "wandb_keys", "compact"),
             )
         )
     return sinks
@@ -62,6 +63,13 @@ def _add_sink_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wandb-name", default=None, help="W&B run name")
     p.add_argument("--wandb-dir", default=None, help="where W&B writes its run files")
     p.add_argument("--wandb-alerts", action="store_true", help="send health events as W&B alerts")
+    p.add_argument(
+        "--wandb-keys",
+        choices=["compact", "full"],
+        default="compact",
+        help="W&B key set: compact (default; docs/sinks.md) or full (prime-rl's pass-through, "
+        "as in --jsonl)",
+    )
     p.add_argument(
         "--wandb-mode",
         choices=["online", "offline", "disabled"],

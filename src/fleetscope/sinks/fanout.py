@@ -6,6 +6,10 @@ fills its queue; further polls are dropped *for that sink only* (counted in
 recovers. Window boundaries, the run summary and the end of the run are never dropped (they jump
 the bound). :meth:`SinkFanout.close` closes every sink within one deadline; the threads are
 daemons, so a sink whose ``close()`` hangs never keeps the process from exiting.
+
+Key sets: a sink with ``key_set = "compact"`` (W&B by default) gets the compact subset of each
+poll's keys and of the run summary (:class:`fleetscope.keys.KeyDict`, marked where the keys are
+rendered); any other sink gets the full set. The subset is taken in the sink's own thread.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from fleetscope._warn import RateLimitedWarner
+from fleetscope.keys import KeySet, key_set_of
 from fleetscope.sinks.base import EventSink, PollSink, RunSink, Sink, WindowSink
 
 if TYPE_CHECKING:
@@ -143,8 +148,14 @@ class SinkFanout:
                 w.put(hook, label)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
+        compact: dict[str, Any] | None = None
         for w in self._workers:
-            w.put(w.sink.log_summary, dict(summary))
+            if sink_key_set(w.sink) == "compact":
+                if compact is None:
+                    compact = dict(key_set_of(summary, "compact"))
+                w.put(w.sink.log_summary, dict(compact))
+            else:
+                w.put(w.sink.log_summary, dict(summary))
 
     def run_end(self, status: str) -> None:
         for w in self._workers:
@@ -175,5 +186,11 @@ class SinkFanout:
                 )
 
 
+def sink_key_set(sink: object) -> KeySet:
+    """The key set a sink asks for with its ``key_set`` attribute (default: full)."""
+    return "compact" if getattr(sink, "key_set", "full") == "compact" else "full"
+
+
 def _log_keys(sink: Sink, result: PollResult) -> None:
-    sink.log(result.keys, step=result.step, wall_time=result.wall_time)
+    keys = key_set_of(result.keys, sink_key_set(sink))
+    sink.log(keys, step=result.step, wall_time=result.wall_time)

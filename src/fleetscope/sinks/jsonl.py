@@ -59,7 +59,10 @@ class JsonlSink:
     ``append=False`` (the default) truncates an existing file; ``append=True`` adds to it (a
     later read then sees the polls of every run written to it). Write errors are warned about
     (at most once a minute per kind) and the line is dropped; they never raise into the caller.
+    It gets the full key set (the complete pass-through), never the compact one.
     """
+
+    key_set = "full"
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)

@@ -59,6 +59,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fleetscope._warn import RateLimitedWarner
+from fleetscope.keys import KEY_SETS, KeySet
 from fleetscope.sinks.base import Value, numeric
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ class MlflowSink:
         run_name: name of the run the sink creates.
         tags: tags for the run the sink creates.
         retry_after: seconds to pause writes after a failed one.
+        keys: ``"full"`` (default: the complete pass-through) or ``"compact"`` (the key set
+            W&B gets by default; see docs/sinks.md).
     """
 
     def __init__(
@@ -130,7 +133,11 @@ class MlflowSink:
         *,
         tags: Mapping[str, str] | None = None,
         retry_after: float = 30.0,
+        keys: KeySet = "full",
     ) -> None:
+        if keys not in KEY_SETS:
+            raise ValueError(f"keys must be one of {KEY_SETS}, not {keys!r}")
+        self.key_set: KeySet = keys
         MlflowClient, self._Metric, self._RunTag = _import_mlflow()
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.tracking_uri = tracking_uri

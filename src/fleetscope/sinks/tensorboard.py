@@ -57,8 +57,10 @@ class TensorBoardSink:
 
     ``logdir`` is the run directory (created if missing); point ``tensorboard --logdir`` at it
     or at its parent. Construction errors (tensorboard missing, ``logdir`` not writable) raise;
-    after that nothing does.
+    after that nothing does. It gets the full key set (the complete pass-through).
     """
+
+    key_set = "full"
 
     def __init__(
         self,

@@ -32,6 +32,12 @@ does not (its ``run.log`` commits at once) gets them in its next row. If one lab
 window stops twice between two trainer log calls, that row keeps the later one (the companion
 run has both). ``close()`` finishes the companion run and leaves the trainer's alone.
 
+Key sets. ``keys="compact"`` (the default) logs the compact key set, a few hundred keys per
+scope and ~60 per engine, which keeps every prime-rl overview-panel key, every SkyRL key and
+every per-engine headline and leaves out what means nothing or repeats another key (table in
+docs/sinks.md); ``keys="full"`` logs prime-rl's complete pass-through, as JSONL and
+TensorBoard do. The run summary follows the same choice.
+
 ``history="trainer"`` keeps the old single-run behaviour: polls go into the trainer's run with
 ``commit`` (default False: merged into the trainer's row, one poll per trainer row kept;
 ``commit=True`` one row per poll, lossless only if the trainer never passes ``step=``).
@@ -48,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from fleetscope._warn import RateLimitedWarner
+from fleetscope.keys import KEY_SETS, KeySet
 from fleetscope.sinks.base import Value
 
 if TYPE_CHECKING:
@@ -115,6 +122,8 @@ class WandbSink:
     creates (see :func:`resolve_mode` for ``mode``) and are ignored when ``run`` is given.
     String values are skipped by :meth:`log` (W&B charts need numbers) and kept by
     :meth:`log_summary`. Non-finite floats are passed on; W&B stores them as NaN/±Infinity.
+    ``keys``: ``"compact"`` (default) or ``"full"`` (module docs); the collector hands the sink
+    that set (its ``key_set`` attribute).
     """
 
     def __init__(
@@ -134,7 +143,12 @@ class WandbSink:
         history: str = "companion",
         alerts: bool = False,
         alert_interval: float = 600.0,
+        keys: KeySet = "compact",
     ) -> None:
+        if keys not in KEY_SETS:
+            raise ValueError(f"keys must be one of {KEY_SETS}, not {keys!r}")
+        #: which key set the collector hands this sink: "compact" or "full"
+        self.key_set: KeySet = keys
         wandb = _import_wandb()
         self.step_metric = step_metric
         self.key_prefix_glob = key_prefix_glob
