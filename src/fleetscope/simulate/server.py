@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -408,6 +409,11 @@ def serve_forever(
         engine_kind=engine_kind,
     )
     stop = stop_event or threading.Event()
+    if stop_event is None and threading.current_thread() is threading.main_thread():
+        # Ctrl-C and SIGTERM stop the fleet cleanly, also when the shell started us with SIGINT
+        # ignored (a background job of a non-interactive shell inherits SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
     with FleetServer(fleet, port_base=port_base, step_interval=step_interval) as server:
         for endpoint, url in zip(fleet.endpoints, server.urls, strict=True):
             role = endpoint.role or "-"
