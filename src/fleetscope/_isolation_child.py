@@ -106,6 +106,8 @@ class ChildServer:
 
     async def handle(self, kind: str, args: tuple[Any, ...]) -> Any:
         c = self.c
+        if kind == "ping":
+            return None
         if kind == "poll":
             await c.poll()
             return self._row(None)
@@ -155,8 +157,10 @@ async def serve(conn: Connection, init: dict[str, Any]) -> None:
     log.setLevel(init["log_level"])
     endpoints = [Endpoint(**d) for d in init["endpoints"]]
     collector = Collector(endpoints, config=init["config"])
-    if init["state"] is not None:
-        collector.load_state_dict(pickle.loads(init["state"]))
+    if init["state"] is not None:  # a restart: the same run goes on (the gap is unseen)
+        collector.pipeline.load_state_dict(pickle.loads(init["state"]), continuous=True)
+        collector._ledger.active = set(collector.windows.active)
+        collector._ledger.paused = set(collector.windows.paused)
     if init["policy"] is not None:
         collector.set_policy_version(init["policy"])
     server = ChildServer(collector, channel)

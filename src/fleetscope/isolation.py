@@ -275,6 +275,11 @@ class IsolatedCollector(Collector):
         self.link = ChildLink(endpoints, self.config)
         self.source = self.link
         self._init_loop(sinks, on_poll)
+        self.link.call("ping")  # the child imports and builds its collector from now on
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until the child process is up (its start-up is otherwise in the first poll)."""
+        await asyncio.wait_for(asyncio.wrap_future(self.link.call("ping")), timeout)
 
     # ------------------------------------------------------------------ commands
 

@@ -146,9 +146,9 @@ class PollPipeline:
                 "rl": {"versions": self.versions.state_dict(), "syncs": self.syncs.state_dict()},
             }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, continuous: bool = False) -> None:
         with self.lock:
-            self.windows.load_state_dict(state["windows"])
+            self.windows.load_state_dict(state["windows"], continuous=continuous)
             restarts = state.get("restarts", [])
             pairs = restarts.items() if isinstance(restarts, Mapping) else restarts
             for e, n in pairs:

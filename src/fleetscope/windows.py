@@ -72,6 +72,7 @@ class WindowSet:
         self.run: dict[str, Accumulator] = {COMBINED: Accumulator(COMBINED)}
         self.last_attributed_time: float | None = None
         self._resume_at_next_poll: set[str] = set()
+        self._resume_from: float | None = None
 
     # ------------------------------------------------------------------ state changes
 
@@ -161,11 +162,13 @@ class WindowSet:
         """Give one poll's deltas to every active window (or to ``idle``) and to the run."""
         prev = self.last_attributed_time
         self.last_attributed_time = now
+        resume = now if self._resume_from is None else self._resume_from
         for label in self._resume_at_next_poll:  # restored from a checkpoint, open again
             w = self.active[label]
-            w.resumed_at = now
-            w.acc.open_span(now, {})
+            w.resumed_at = resume
+            w.acc.open_span(resume, {})
         self._resume_at_next_poll = set()
+        self._resume_from = None
         elapsed = 0.0 if prev is None else max(0.0, now - prev)
         self.run[COMBINED].add(inputs, failed_scrapes=failed_scrapes)
         self.run[COMBINED].add_seconds(elapsed)
@@ -200,9 +203,13 @@ class WindowSet:
             "run": {k: v.state_dict() for k, v in self.run.items()},
             "open": open_windows,
             "version": 1,
+            "saved_at": now,  # this machine's monotonic clock (for a continuous reload)
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, continuous: bool = False) -> None:
+        """``continuous``: the same run goes on without a pause (the isolation child restarted on
+        this machine): open windows resume at the saved poll, not the next one, so the time in
+        between is expected of every engine and, unseen, shows as missing coverage."""
         if state.get("version") != 1:
             raise ValueError("unknown fleetscope window state version")
         self.run = {k: Accumulator.from_state_dict(v) for k, v in state["run"].items()}
@@ -217,3 +224,7 @@ class WindowSet:
                 self.active[o["label"]] = w
             else:
                 self.paused[o["label"]] = w
+        saved_at = state.get("saved_at")
+        self._resume_from = saved_at if continuous and saved_at is not None else None
+        if self._resume_from is not None:
+            self.last_attributed_time = self._resume_from
