@@ -163,6 +163,10 @@ async def serve(conn: Connection, init: dict[str, Any]) -> None:
         collector._ledger.paused = set(collector.windows.paused)
     if init["policy"] is not None:
         collector.set_policy_version(init["policy"])
+    warm = getattr(collector.source, "_ensure_client", None)
+    if warm is not None:  # build the HTTP client (TLS bundle) before the first poll's deadline
+        with contextlib.suppress(Exception):
+            await warm()
     server = ChildServer(collector, channel)
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
