@@ -30,12 +30,9 @@ import pytest
 from conftest import promql_bucket_quantile
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.collector import Collector, FleetView
-from fleetscope.isolation import IsolatedCollector
 from fleetscope.simulate import FleetServer, SimEndpoint, SimFleet
 from fleetscope.sources.http import Endpoint
 from fleetscope.view import counter_increase
-
-pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
 COUNTERS = (
     "vllm:generation_tokens_total",
@@ -129,8 +126,6 @@ async def rig(
         endpoints = [Endpoint(server.url(ep.name), ep.name, ep.role) for ep in fleet.endpoints]
         endpoints += [Endpoint(url, name) for name, url in (extra or {}).items()]
         collector = Collector(endpoints, interval=3600.0, timeout=TIMEOUT, **kw)
-        if isinstance(collector, IsolatedCollector):
-            await collector.wait_ready()  # the child's start-up is not part of a poll's budget
         try:
             yield Rig(fleet, server, collector, caplog)
         finally:
