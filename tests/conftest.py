@@ -214,3 +214,15 @@ def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
         monkeypatch.setattr(iso, "wants_process", every_collector)
     return str(request.param)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``inline_only`` tests read in-process internals: no ``[process]`` variant of them."""
+    keep = []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        mode = params.params.get("isolation") if params is not None else None
+        if mode == "process" and item.get_closest_marker("inline_only") is not None:
+            continue
+        keep.append(item)
+    items[:] = keep

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import itertools
 import logging
@@ -275,6 +276,7 @@ class IsolatedCollector(Collector):
         self.link = ChildLink(endpoints, self.config)
         self.source = self.link
         self._init_loop(sinks, on_poll)
+        self._final: tuple[dict[str, Any], dict[str, Any]] | None = None  # after stop()
         self.link.call("ping")  # the child imports and builds its collector from now on
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
@@ -359,6 +361,13 @@ class IsolatedCollector(Collector):
         self.link.keep_state(await self._ask("close_windows"))
 
     async def _close_source(self) -> None:
+        # what an in-process collector still answers after stop(): kept from the child's last
+        # answers before it exits
+        with contextlib.suppress(Exception):
+            self._final = (
+                await self._ask("summary", self.run_status),
+                await self._ask("state_dict"),
+            )
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.link.aclose(), timeout=15)
 
@@ -374,12 +383,18 @@ class IsolatedCollector(Collector):
     # ------------------------------------------------------------------ summary and state
 
     def summary(self) -> dict[str, float | str]:
+        if self._final is not None:
+            return {**self._final[0], "run_status": self.run_status}
         return cast(dict[str, float | str], self._ask_blocking("summary", self.run_status))
 
     async def asummary(self) -> dict[str, float | str]:
+        if self._final is not None:
+            return self.summary()
         return cast(dict[str, float | str], await self._ask("summary", self.run_status))
 
     def state_dict(self) -> dict[str, Any]:
+        if self._final is not None:
+            return copy.deepcopy(self._final[1])
         return cast(dict[str, Any], self._ask_blocking("state_dict"))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
