@@ -24,6 +24,7 @@ def polls(c) -> int:
     """The step of the collector's last poll (-1 before the first): public in both modes."""
     return c.last.step if c.last is not None else -1
 
+
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
 BODY = (
@@ -157,11 +158,9 @@ def test_a_blocked_sink_never_stops_polling_nor_a_window(tmp_path) -> None:
         t1 = time.monotonic()
         c.stop_background(timeout=30)
         assert time.monotonic() - t1 < 20  # close_timeout bounds the hung close()
-    polls, summary = read_jsonl(path)
-    assert len(polls) >= 15  # the healthy sink got every poll
-    dropped = [
-        p["metrics"].get("inference/collector/sink_rows_dropped/BlockingSink") for p in polls
-    ]
+    rows, summary = read_jsonl(path)
+    assert len(rows) >= 15  # the healthy sink got every poll
+    dropped = [p["metrics"].get("inference/collector/sink_rows_dropped/BlockingSink") for p in rows]
     assert max(d for d in dropped if d is not None) > 0
     assert summary.get("run_status") == "success"
     blocked.release.set()

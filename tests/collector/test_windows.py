@@ -35,9 +35,11 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total",),
 }
 
+
 def polls(c) -> int:
     """The step of the collector's last poll (-1 before the first): public in both modes."""
     return c.last.step if c.last is not None else -1
+
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
