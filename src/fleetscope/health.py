@@ -42,6 +42,16 @@ CONDITIONS: tuple[str, ...] = (
 )
 
 
+# the per-engine columns the conditions read
+_READ = (
+    "num_requests_running",
+    "generation_tokens_total:rate",
+    "kv_cache_usage_perc",
+    "num_requests_waiting",
+    "num_preemptions_total:rate",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class HealthThresholds:
     kv_full: float = 0.95
@@ -82,10 +92,7 @@ class HealthMonitor:
         t = self.thresholds
         stats = result.stats
         events: list[HealthEvent] = []
-        per_engine: dict[str, dict[str, float]] = {}
-        for i, eid in enumerate(stats.engine_ids):
-            if stats.is_engine[i]:
-                per_engine[eid] = stats.engine(eid)
+        per_engine = stats.engine_values(_READ)
         by_role: dict[str | None, list[tuple[str, float, float]]] = {}
         seconds = dict(zip(stats.engine_ids, stats.seconds.tolist(), strict=True))
         for eid, m in per_engine.items():

@@ -95,11 +95,15 @@ def build_view(
     did not (``reporting=False``, nothing known)."""
     stats = result.stats
     loads: dict[EngineId, EngineLoad] = {}
-    for i, eid in enumerate(stats.engine_ids):
-        if not stats.is_engine[i]:
-            continue
+    read = (
+        catalog.KV_USAGE,
+        catalog.RUNNING,
+        catalog.WAITING,
+        catalog.WAITING_FOR_CAPACITY,
+        catalog.KV_CAPACITY_TOKENS,
+    )
+    for eid, m in stats.engine_values(read).items():
         e = eid if isinstance(eid, EngineId) else EngineId.from_json(eid)
-        m = stats.engine(eid)
         loads[e] = EngineLoad(
             engine_id=e,
             endpoint=e.endpoint,

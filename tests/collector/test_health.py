@@ -328,6 +328,9 @@ class _Stats:
     def engine(self, eid: str) -> dict[str, float]:
         return self._rows[eid]
 
+    def engine_values(self, columns) -> dict[str, dict[str, float]]:
+        return {e: {c: v for c, v in m.items() if c in columns} for e, m in self._rows.items()}
+
 
 class _Result:
     def __init__(self, rows: dict[str, dict[str, float]]):

@@ -90,6 +90,22 @@ class PollStats:
         row = self.matrix[i]
         return {c: float(v) for c, v in zip(self.columns, row, strict=True) if not math.isnan(v)}
 
+    def engine_values(self, columns: Sequence[str]) -> dict[str, dict[str, float]]:
+        """Every engine row's values of ``columns`` only (missing ones absent): what a reader
+        of a few metrics needs, without building every engine's whole row."""
+        index = {c: j for j, c in enumerate(self.columns)}
+        wanted = [(c, index[c]) for c in columns if c in index]
+        rows = np.flatnonzero(self.is_engine)
+        if not wanted or rows.size == 0:
+            return {self.engine_ids[i]: {} for i in rows.tolist()}
+        cols = np.array([j for _, j in wanted], dtype=np.intp)
+        sub = self.matrix[np.ix_(rows, cols)].tolist()
+        names = [c for c, _ in wanted]
+        return {
+            self.engine_ids[i]: {c: v for c, v in zip(names, vals, strict=True) if v == v}
+            for i, vals in zip(rows.tolist(), sub, strict=True)
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class EngineInput:
