@@ -10,7 +10,7 @@ message, the finished row, decoded on a reader thread; views (``last``, ``on_pol
 ``view.result`` has the reduced statistics, keys, events and scrape outcomes, but no raw
 bodies, deltas or per-engine inputs.
 
-Supervision: every reply that changed the statistics carries the child's state as bytes the
+Supervision: boundary replies, and a poll reply every 30 s, carry the child's state as bytes the
 trainer keeps without decoding. If the child dies (or stops answering within
 ``max(60 s, 4 x timeout)``) it is restarted from that state with the current endpoints and
 policy version, the command in flight is sent again once, and the trainer is told: a warning
@@ -373,6 +373,10 @@ class IsolatedCollector(Collector):
 
     async def _close_rl(self) -> None:
         return None
+
+    @property
+    def policy_version(self) -> str | None:
+        return self.link.policy
 
     def set_policy_version(self, version: str) -> None:
         if not isinstance(version, str):

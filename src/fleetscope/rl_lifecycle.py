@@ -42,6 +42,11 @@ class RLLifecycle:
         endpoint's ``/weight_info`` is compared with it (docs/rl-lifecycle.md)."""
         self.versions.announce(version)
 
+    @property
+    def policy_version(self) -> str | None:
+        """The trainer's policy version as last announced (None before the first)."""
+        return self.versions.policy_version
+
     def weight_sync(self, version: str) -> WeightSyncHandle:
         """Bracket a weight sync: ``with`` / ``async with``; a poll at entry and at exit, then
         ``version`` is the policy version (docs/rl-lifecycle.md)."""

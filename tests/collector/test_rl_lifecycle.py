@@ -121,6 +121,7 @@ async def test_simulator_answers_the_rl_routes() -> None:
 # --------------------------------------------------------------------------- versions
 
 
+@pytest.mark.inline_only  # reads in-process internals
 async def test_no_weight_info_requests_before_a_policy_version() -> None:
     async with rig() as r:
         c = r.collector()
@@ -201,6 +202,7 @@ async def test_an_engine_that_misses_a_version_is_stale() -> None:
     assert summary["inference_summary/rl/policy_versions"] == 2
 
 
+@pytest.mark.inline_only  # reads in-process internals
 async def test_endpoints_without_weight_info_are_unknown_and_not_asked_again() -> None:
     async with rig() as r:
         r.fleet.endpoint("server1").rl.dev_mode = False  # 404, as without VLLM_SERVER_DEV_MODE
@@ -269,7 +271,7 @@ async def test_weight_sync_during_an_open_window_is_exact() -> None:
             s1 = r.gen()
         assert c.last is not None
         row = c.last.result.keys  # the exit poll's row
-        assert c.versions.policy_version == "v1"
+        assert c.policy_version == "v1"
         await step_and_poll(r, c)
         keys = await train.astop()
         w1 = r.gen()
@@ -305,7 +307,7 @@ async def test_a_failed_sync_announces_nothing() -> None:
                 raise RuntimeError("NCCL broke")
         summary = c.summary()
         await c.stop()
-    assert c.versions.policy_version == "v0"
+    assert c.policy_version == "v0"
     assert sync.keys["inference/rl/sync/failed"] == 1
     assert sync.keys["inference/rl/sync/count"] == 0
     assert summary["inference_summary/rl/sync/failed_total"] == 1
@@ -331,7 +333,7 @@ def test_weight_sync_from_a_synchronous_trainer() -> None:
             for ep in fleet.endpoints:
                 ep.simulate_weight_update("v1")
             s1 = fleet.truth_total(GEN)
-        assert c.versions.policy_version == "v1"
+        assert c.policy_version == "v1"
         summary = c.summary()
         c.stop_background()
     finally:
