@@ -14,9 +14,9 @@ Supervision: boundary replies, and a poll reply every 30 s, carry the child's st
 trainer keeps without decoding. If the child dies (or stops answering within
 ``max(60 s, 4 x timeout)``) it is restarted from that state with the current endpoints and
 policy version, the command in flight is sent again once, and the trainer is told: a warning
-and ``{prefix}/collector/child_restarts_total``. Counts between the child's last reply and its
-restart are not seen by the new child (it takes fresh baselines); the windows' coverage says
-so. The child never outlives the trainer (PR_SET_PDEATHSIG; it also exits when its connection
+and ``{prefix}/collector/child_restarts_total``. Open windows continue from the saved poll:
+what happened since (counted by the dead child, or before the new one's fresh baselines) is not
+in their sums, and their coverage says so. The child never outlives the trainer (PR_SET_PDEATHSIG; it also exits when its connection
 closes).
 """
 
