@@ -32,8 +32,9 @@ Modes, each ``await``-ed on this process's event loop (the trainer's loop):
   values, counter rates, histogram means, scope min/max/sum/mean/median and pooled quantiles,
   the load samples), all on the event loop, as prime-rl runs it (``wandb.log`` is a stub: its
   cost is not counted);
-* ``idle``: the control, ``asyncio.sleep(1 s)`` with nothing else running: the stall the
-  loaded machine itself causes (the noise floor of the stall column).
+* ``idle``: the control, ``asyncio.sleep()`` with nothing else running, as long as that
+  round's isolation (else in-process) poll, 1-10 s: the stall the loaded machine itself
+  causes in that time (the noise floor of the stall column).
 
 Reported, medians over the runs: poll wall time; CPU time of THIS process (the trainer's) per
 poll and per engine (``time.process_time``: every thread of this process, which is what the
@@ -366,6 +367,7 @@ def report(
     args: argparse.Namespace,
     results: dict[str, list[Sample]],
     idle: list[float],
+    idle_span: float,
     prime: PrimeRl | None,
 ) -> None:
     engines = args.endpoints * args.dp
@@ -389,7 +391,7 @@ def report(
             f"{name:10}{ms(m.wall):>11}{ms(m.cpu):>11}{m.cpu / engines * 1e3:>10.3f} ms"
             f"{ms(m.stall):>11}{child_col:>19}{ms(m.server_cpu):>13}"
         )
-    print(f"{'idle':10}{'1000.0 ms':>11}{'-':>11}{'-':>13}{ms(statistics.median(idle)):>11}")
+    print(f"{'idle':10}{ms(idle_span):>11}{'-':>11}{'-':>13}{ms(statistics.median(idle)):>11}")
     print("runs (wall ms / trainer CPU ms / stall ms):")
     for name, rows in results.items():
         print(
@@ -477,6 +479,7 @@ async def run(args: argparse.Namespace) -> None:
     ticker.start()
     results: dict[str, list[Sample]] = {}
     idle: list[float] = []
+    idle_spans: list[float] = []
     try:
         for name in args.modes:
             if name == "prime-rl":
@@ -506,8 +509,12 @@ async def run(args: argparse.Namespace) -> None:
             order = modes[i % len(modes) :] + modes[: i % len(modes)]
             for m in order:
                 results[m.name].append(await measure(m, ticker, tick_cpu, args.endpoints, servers))
+            # the control: nothing else on the loop, as long as this round's fleetscope poll
+            span = next((results[n][-1].wall for n in ("process", "inline") if n in results), 1.0)
+            span = min(max(span, 1.0), 10.0)
+            idle_spans.append(span)
             ticker.reset()
-            await asyncio.sleep(1.0)  # the control: nothing else on the loop
+            await asyncio.sleep(span)
             idle.append(ticker.max_gap)
         keys = {m.name: m.keys() for m in modes}
     finally:
@@ -523,7 +530,7 @@ async def run(args: argparse.Namespace) -> None:
         + ", ".join(f"{k} {v}" for k, v in keys.items())
         + f"; load average after: {loadavg()}"
     )
-    report(args, results, idle, prime)
+    report(args, results, idle, statistics.median(idle_spans), prime)
 
 
 def main() -> None:
