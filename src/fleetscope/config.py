@@ -64,7 +64,7 @@ class CollectorConfig:
     close_timeout: float = 30.0
     max_engines_per_endpoint: int = 512
     evict_after: float = 600.0
-    isolation: Isolation = "inline"
+    isolation: Isolation = "auto"
 
     def __post_init__(self) -> None:
         if self.isolation not in ("inline", "process", "auto"):

@@ -56,7 +56,7 @@ log = logging.getLogger("fleetscope")
 def wants_process(endpoints: Sequence[object], options: Mapping[str, Any]) -> bool:
     """Whether ``Collector(endpoints, **options)`` runs its work in a child process."""
     cfg = options.get("config")
-    mode = options.get("isolation") or (cfg.isolation if cfg is not None else "inline")
+    mode = options.get("isolation") or (cfg or CollectorConfig()).isolation
     return mode == "process" or (mode == "auto" and len(endpoints) >= ISOLATION_AUTO_ENDPOINTS)
 
 
