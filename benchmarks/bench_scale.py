@@ -141,7 +141,13 @@ def run_single(urls: list[str], engines: int, polls: int, interval: float) -> di
     from fleetscope.collector import Collector
 
     async def main() -> dict:
-        c = Collector(urls, interval=interval, fetch_model_info=False, discover_roles=False)
+        c = Collector(
+            urls,
+            interval=interval,
+            fetch_model_info=False,
+            discover_roles=False,
+            isolation="inline",
+        )
         try:
             out = await _poll_grid(c, polls, interval, lambda: _self_usage()[0])
             # full parses in all (the first poll needs one per body shape; later ones, when
