@@ -263,7 +263,7 @@ class Collector(RLLifecycle):
                     keys.update(
                         accumulator_keys(w.acc, label, self.state.key_options, summary=False)
                     )
-                    keys.update(self.versions.window_keys(label, self._prefix))
+                    keys.update(self._rl_window_keys(label))
             return keys
 
         await self._poll(at_boundary)

@@ -45,6 +45,9 @@ class CollectorConfig:
             loop), ``"process"`` (all of it in a supervised child process: the trainer only
             receives finished rows; docs/footprint.md) or ``"auto"`` (``"process"`` from
             :data:`ISOLATION_AUTO_ENDPOINTS` endpoints on).
+        rl_probes: ask every endpoint ``/is_paused`` and ``/is_sleeping`` each poll: None
+            (default) once a policy version is set or a weight sync entered, True always,
+            False never (the ``engine_sleep_state`` gauges are read either way).
     """
 
     interval: float = 5.0
@@ -65,6 +68,7 @@ class CollectorConfig:
     max_engines_per_endpoint: int = 512
     evict_after: float = 600.0
     isolation: Isolation = "auto"
+    rl_probes: bool | None = None
 
     def __post_init__(self) -> None:
         if self.isolation not in ("inline", "process", "auto"):

@@ -19,6 +19,7 @@ from fleetscope.health import HealthMonitor, health_keys
 from fleetscope.identity import EngineId
 from fleetscope.keys import key_prefix, summary_prefix
 from fleetscope.report import summary_keys
+from fleetscope.rl_state import EngineStates
 from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.versions import PolicyVersions
 from fleetscope.view import FleetView, build_view
@@ -45,6 +46,7 @@ class PollPipeline:
         # RL: the trainer's policy versions, what endpoints serve, weight syncs
         self.versions = PolicyVersions(stale_seconds=config.health_thresholds.stale_seconds)
         self.syncs = WeightSyncs()
+        self.states = EngineStates(config.rl_probes)  # paused / asleep engine-seconds
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
         # endpoint -> (engine kind, server version) as the source reported them (run summary)
         self.servers: dict[str, tuple[str | None, str | None]] = {}
@@ -82,6 +84,11 @@ class PollPipeline:
             )
             self.syncs.poll(result.inputs)
             result.keys.update(vkeys)
+            result.keys.update(
+                self.states.poll(
+                    result.inputs, self.prefix, list(self.windows.active), boundary=boundary
+                )
+            )
             result.events.extend(vevents)
             result.keys.update(health_keys(result.events, self.prefix))
             for ev in result.events:
@@ -107,6 +114,7 @@ class PollPipeline:
                     self.windows.endpoint_leaves(d.endpoint, d.time)
                 self.state.forget_endpoint(d.endpoint)
                 self.versions.forget_endpoint(d.endpoint)
+                self.states.forget_endpoint(d.endpoint)
                 log.info("fleetscope: %s removed from the fleet", d.endpoint)
             if d.engine is not None:
                 last = self.state.baselines.last(d.engine)
@@ -121,6 +129,7 @@ class PollPipeline:
         with self.lock:
             w: Window = getattr(self.windows, action)(label, now, times)
             self.versions.window_action(action, label)
+            self.states.window_action(action, label)
             return w
 
     def close_windows(self, now: float) -> None:
@@ -134,6 +143,7 @@ class PollPipeline:
             out.update(self.versions.summary_keys(sp))
             out.update(self.syncs.summary_keys(sp))
             out.update(server_keys(self.servers, sp))
+            out.update(self.states.summary_keys(sp))
             return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -143,7 +153,11 @@ class PollPipeline:
                 "restarts": [[e.to_json(), n] for e, n in self.state.restarts.items()],
                 "scrape_failures_total": dict(self.state.scrape_failures_total),
                 "step": self.state.step,
-                "rl": {"versions": self.versions.state_dict(), "syncs": self.syncs.state_dict()},
+                "rl": {
+                    "versions": self.versions.state_dict(),
+                    "syncs": self.syncs.state_dict(),
+                    "states": self.states.state_dict(),
+                },
             }
 
     def load_state_dict(self, state: Mapping[str, Any], *, continuous: bool = False) -> None:
@@ -159,6 +173,7 @@ class PollPipeline:
             if rl:
                 self.versions.load_state_dict(rl["versions"])
                 self.syncs.load_state_dict(rl["syncs"])
+                self.states.load_state_dict(rl.get("states", {}))
 
 
 def server_keys(

@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from fleetscope.rl_state import EngineStates
 from fleetscope.versions import WEIGHT_INFO_DEADLINE, PolicyVersions
 from fleetscope.weight_sync import WeightSyncHandle, WeightSyncs
 
@@ -23,15 +24,18 @@ class RLLifecycle:
 
     versions: PolicyVersions
     syncs: WeightSyncs
+    states: EngineStates
     _version_client: Any
 
     def _init_rl(self, pipeline: PollPipeline) -> None:
         self.versions = pipeline.versions
         self.syncs = pipeline.syncs
+        self.states = pipeline.states
         self._version_client = None
 
     async def _close_rl(self) -> None:
         self.versions.cancel_probes()
+        self.states.cancel_probes()
         if self._version_client is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._version_client.aclose(), timeout=5)
@@ -41,6 +45,7 @@ class RLLifecycle:
         """The trainer's policy is now ``version`` (any thread): from the next poll on, each
         endpoint's ``/weight_info`` is compared with it (docs/rl-lifecycle.md)."""
         self.versions.announce(version)
+        self.states.in_use = True
 
     @property
     def policy_version(self) -> str | None:
@@ -56,6 +61,7 @@ class RLLifecycle:
         self, action: str, handle: WeightSyncHandle, *, ok: bool = True
     ) -> dict[str, float]:
         c = cast("Collector", self)
+        self.states.in_use = True
         if action == "exit" and ok:  # before the exit poll: it already judges the new version
             self.versions.announce(handle.version)
         keys: dict[str, float] = {}
@@ -74,10 +80,18 @@ class RLLifecycle:
     def _sync_exit(self, token: int, now: float, ok: bool) -> dict[str, float]:
         return self.syncs.exit(token, now, cast("Collector", self)._prefix, ok=ok)
 
+    def _rl_window_keys(self, label: str) -> dict[str, float]:
+        """A stopped window's RL keys: stale token share, paused / asleep engine-seconds."""
+        prefix = cast("Collector", self)._prefix
+        out = self.versions.window_keys(label, prefix)
+        out.update(self.states.window_keys(label, prefix))
+        return out
+
     async def _version_probes(self) -> list[asyncio.Task[None]]:
-        """This poll's ``/weight_info`` requests (none until a policy version is set)."""
+        """This poll's ``/weight_info`` (once a policy version is set), ``/is_paused`` and
+        ``/is_sleeping`` requests (see ``CollectorConfig.rl_probes``)."""
         c = cast("Collector", self)
-        if not self.versions.active or not c.endpoints:
+        if not (self.versions.active or self.states.probing) or not c.endpoints:
             return []
         if self._version_client is None:
             from fleetscope.sources._http_client import new_client
@@ -87,4 +101,8 @@ class RLLifecycle:
                 None, new_client, dict(c.config.headers), c.config.verify, c.timeout
             )
         deadline = min(c.timeout, WEIGHT_INFO_DEADLINE)
-        return self.versions.probe(self._version_client, c.endpoints, deadline=deadline)
+        client, endpoints = self._version_client, c.endpoints
+        return [
+            *self.versions.probe(client, endpoints, deadline=deadline),
+            *self.states.probe(client, endpoints, deadline=deadline),
+        ]

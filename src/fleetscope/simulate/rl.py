@@ -2,9 +2,10 @@
 
 What ``tests/data/real-vllm-rl/README.md`` recorded on real servers, reduced to what fleetscope
 reads: a weight version per endpoint (``"default"`` at start; ``GET /weight_info``, ``POST
-/update_weight_version {"new_version": str}``), ``/pause`` / ``/resume`` / ``/is_paused`` (a
-keep-pause: running requests freeze, nothing is generated until ``/resume``), and the lazily
-created, engine-less histogram ``vllm:rl_weight_update_operation_duration_seconds{operation}``
+/update_weight_version {"new_version": str}``), ``/pause`` / ``/resume`` / ``/is_paused`` /
+``/is_sleeping`` (a keep-pause: running requests freeze, nothing is generated until
+``/resume``; both say true while an engine sleeps, as vLLM's do), and the lazily created,
+engine-less histogram ``vllm:rl_weight_update_operation_duration_seconds{operation}``
 (vLLM's buckets), observed by :meth:`SimRL.observe_operation` when a weight update is
 simulated. Ground truth: :attr:`SimRL.version_history` (every version set, with its simulated
 Unix time) and the histogram itself (never reset while the process lives).
@@ -84,6 +85,7 @@ class SimRL:
             ("POST", "/pause"),
             ("POST", "/resume"),
             ("GET", "/is_paused"),
+            ("GET", "/is_sleeping"),
         }
         if path not in {p for _, p in routes}:
             return None
@@ -95,8 +97,11 @@ class SimRL:
         with ep._lock:
             if path == "/weight_info":
                 return 200, {"weight_version": self.version}
-            if path == "/is_paused":
-                return 200, {"is_paused": self.paused}
+            asleep = any(e.sleep_level > 0 for e in ep.engines)
+            if path == "/is_paused":  # vLLM: a sleep pauses the scheduler
+                return 200, {"is_paused": self.paused or asleep}
+            if path == "/is_sleeping":  # vLLM: true during a plain pause too
+                return 200, {"is_sleeping": self.paused or asleep}
             if path == "/pause":
                 self.pause()
                 ep._touch()

@@ -1,0 +1,187 @@
+"""Paused and asleep engine-seconds (docs/rl-lifecycle.md §5) against a simulated fleet over
+real HTTP: the expected figures are rebuilt from the scrape times each poll reports (each
+engine's state at a poll covers its interval since its previous scrape) and from what the test
+itself did to the servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+
+from fleetscope.collector import Collector
+from fleetscope.rl_state import asleep_from_gauge
+from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope.sources.http import Endpoint
+
+DP = {"server0": 1, "server1": 2, "server2": 1}
+ROLE = {"server0": "decode", "server1": "decode", "server2": "prefill"}
+
+
+class Truth:
+    """Expected engine-seconds per scope, from the polls' own scrape times."""
+
+    def __init__(self) -> None:
+        self.prev: dict[str, float] = {}
+        self.paused: set[str] = set()
+        self.asleep: set[str] = set()
+
+    def interval(self, view) -> dict[str, list[float]]:
+        """Per scope: [paused s, asleep s] of this poll's intervals."""
+        out: dict[str, list[float]] = {}
+        for sc in view.result.scrapes:
+            ep = sc.endpoint
+            secs = sc.time - self.prev[ep] if ep in self.prev else 0.0
+            self.prev[ep] = sc.time
+            row = [
+                DP[ep] * secs * (ep in self.paused or ep in self.asleep),
+                DP[ep] * secs * (ep in self.asleep),
+            ]
+            for scope in ("agg", ROLE[ep], ep):
+                acc = out.setdefault(scope, [0.0, 0.0])
+                acc[0] += row[0]
+                acc[1] += row[1]
+        return out
+
+
+@asynccontextmanager
+async def rig(**kw) -> AsyncIterator[tuple[SimFleet, FleetServer, Collector]]:
+    fleet = SimFleet(seed=3)
+    for name, dp in DP.items():
+        fleet.add_endpoint(dp=dp, name=name, role=ROLE[name])
+    fleet.step(4.0)
+    server = FleetServer(fleet).start()
+    eps = [Endpoint(server.url(n), name=n, role=ROLE[n]) for n in DP]
+    kw.setdefault("interval", 3600)
+    c = Collector(eps, timeout=2.0, fetch_model_info=False, discover_roles=False, **kw)
+    try:
+        yield fleet, server, c
+    finally:
+        await c.stop()
+        server.stop()
+
+
+async def step_and_poll(fleet: SimFleet, c: Collector, truth: Truth, sums: dict | None = None):
+    fleet.step(1.0)
+    await asyncio.sleep(0.02)
+    view = await c.poll()
+    iv = truth.interval(view)
+    if sums is not None:
+        for scope, (p, s) in iv.items():
+            acc = sums.setdefault(scope, [0.0, 0.0])
+            acc[0] += p
+            acc[1] += s
+    return view, iv
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(b))
+
+
+async def test_paused_and_sleeping_seconds_per_endpoint_role_fleet_window_and_run() -> None:
+    async with rig(rl_probes=True) as (fleet, server, c):
+        truth, run = Truth(), {}
+        await step_and_poll(fleet, c, truth, run)  # baselines: no time covered
+        view, iv = await step_and_poll(fleet, c, truth, run)
+        k = view.keys
+        assert k["inference/agg/engines_paused"] == 0 and k["inference/agg/engines_asleep"] == 0
+        assert k["inference/agg/paused_engine_seconds"] == 0.0
+        async with httpx.AsyncClient() as h:
+            assert (await h.post(server.url("server1") + "/pause")).status_code == 200
+        truth.paused.add("server1")
+        view, iv = await step_and_poll(fleet, c, truth, run)
+        k = view.keys
+        assert k["inference/server1/engines_paused"] == 2
+        assert k["inference/agg/engines_paused"] == 2 and k["inference/prefill/engines_paused"] == 0
+        for scope in ("agg", "decode", "server1", "server0", "prefill"):
+            assert close(k[f"inference/{scope}/paused_engine_seconds"], iv[scope][0]), scope
+        assert iv["server1"][0] > 0
+        # a pause across a window boundary: the window gets only its own part
+        await c.window("train").astart()
+        for scope, (p, _) in truth.interval(c.last).items():  # before the window: idle
+            run[scope][0] += p
+        win: dict[str, list[float]] = {}
+        assert "inference/agg/paused_engine_seconds" not in c.last.keys  # held: boundary row
+        assert c.last.keys["inference/agg/engines_paused"] == 2
+        view, iv = await step_and_poll(fleet, c, truth, win)
+        fleet.endpoint("server2").sleep(1)
+        truth.asleep.add("server2")
+        view, iv = await step_and_poll(fleet, c, truth, win)
+        assert view.keys["inference/server2/engines_asleep"] == 1
+        assert view.keys["inference/server2/engines_paused"] == 1  # a sleep pauses (vLLM)
+        assert close(view.keys["inference/prefill/sleeping_engine_seconds"], iv["prefill"][1])
+        async with httpx.AsyncClient() as h:
+            await h.post(server.url("server1") + "/resume")
+        truth.paused.discard("server1")
+        view, iv = await step_and_poll(fleet, c, truth, win)
+        assert view.keys["inference/server1/paused_engine_seconds"] == 0.0
+        keys = await c.window("train").astop()
+        for scope, (p, s) in truth.interval(c.last).items():  # the stop poll is in the window
+            win.setdefault(scope, [0.0, 0.0])
+            win[scope][0] += p
+            win[scope][1] += s
+        for scope in ("agg", "decode", "prefill", "server1", "server2"):
+            assert close(keys[f"inference/train/{scope}/paused_engine_seconds"], win[scope][0])
+            assert close(keys[f"inference/train/{scope}/sleeping_engine_seconds"], win[scope][1])
+        assert 0 < keys["inference/train/server1/paused_share"] < 1
+        assert keys["inference/train/server0/paused_share"] == 0
+        summary = c.summary()
+        for scope in ("agg", "server1", "server2"):
+            total = run[scope][0] + win[scope][0]
+            assert close(
+                summary[f"inference_summary/combined/{scope}/paused_engine_seconds"], total
+            )
+            assert close(
+                summary[f"inference_summary/train/{scope}/paused_engine_seconds"], win[scope][0]
+            )
+        # a checkpoint keeps the sums
+        state = json.loads(json.dumps(c.state_dict()))
+    async with rig(rl_probes=False) as (_fleet, _server, c2):
+        c2.load_state_dict(state)
+        s2 = c2.summary()
+        for key, v in summary.items():
+            if "engine_seconds" in key or key.endswith("_share"):
+                assert s2[key] == v, key
+
+
+async def test_no_state_requests_until_rl_is_used_but_sleep_gauges_count() -> None:
+    async with rig() as (fleet, _server, c):
+        truth = Truth()
+        await step_and_poll(fleet, c, truth)
+        fleet.endpoint("server0").sleep(2)
+        truth.asleep.add("server0")
+        view, iv = await step_and_poll(fleet, c, truth)
+        assert c.states.paused._probes == {} and c.states.sleeping._probes == {}
+        assert "inference/agg/engines_paused" not in view.keys  # nobody asked /is_paused
+        assert view.keys["inference/agg/engines_asleep"] == 1
+        assert close(view.keys["inference/server0/sleeping_engine_seconds"], iv["server0"][1])
+        c.set_policy_version("v0")
+        view, iv = await step_and_poll(fleet, c, truth)
+        assert set(c.states.paused._probes) == set(DP)
+        assert view.keys["inference/agg/engines_paused"] == 1
+
+
+async def test_dev_mode_off_is_asked_once_and_gauges_still_count() -> None:
+    async with rig(rl_probes=True) as (fleet, _server, c):
+        for n in DP:
+            fleet.endpoint(n).rl.dev_mode = False
+        truth = Truth()
+        await step_and_poll(fleet, c, truth)
+        view, _ = await step_and_poll(fleet, c, truth)
+        assert all(p.never for p in c.states.paused._probes.values())
+        assert "inference/agg/engines_paused" not in view.keys
+        assert view.keys["inference/agg/engines_asleep"] == 0
+
+
+def test_sleep_gauge_reading_on_real_vllm_bodies() -> None:
+    from conftest import DATA
+    from fleetscope import Parser
+
+    root = DATA / "real-vllm-rl" / "single"
+    asleep = Parser().parse((root / "33_sleep_l1_asleep.prom").read_text(), time=0.0)
+    awake = Parser().parse((root / "34_sleep_l1_after_wake.prom").read_text(), time=0.0)
+    assert asleep_from_gauge(asleep["0"]) is True
+    assert asleep_from_gauge(awake["0"]) is False
