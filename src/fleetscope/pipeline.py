@@ -82,7 +82,7 @@ class PollPipeline:
                 list(self.windows.active),
                 boundary=boundary,
             )
-            self.syncs.poll(result.inputs)
+            result.keys.update(self.syncs.poll(result.inputs, result.time, self.prefix))
             result.keys.update(vkeys)
             result.keys.update(
                 self.states.poll(

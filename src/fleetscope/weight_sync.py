@@ -13,6 +13,7 @@ raised announces nothing and is counted as failed. Synchronous use needs
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from fleetscope.collector import Collector
 
 _TOKENS = itertools.count(1)
+log = logging.getLogger("fleetscope")
 
 
 class WeightSyncHandle:
@@ -95,14 +97,23 @@ class WeightSyncs:
     seconds_total: float = 0.0
     tokens_total: float = 0.0
     operations_total: dict[str, list[float]] = field(default_factory=dict)
+    interrupted: int = 0  # syncs open at a checkpoint this run was restored from
+    _restored_open: list[dict[str, Any]] = field(default_factory=list)  # to report, once
+    _last_poll: float | None = None
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
-    def poll(self, inputs: Iterable[EngineInput]) -> None:
+    def poll(
+        self, inputs: Iterable[EngineInput], now: float | None = None, prefix: str = "inference"
+    ) -> dict[str, float]:
         """A poll's fleet-wide generated tokens and engine update seconds go to every open
-        sync (the entry poll's own interval is before the sync and is not counted)."""
+        sync (the entry poll's own interval is before the sync and is not counted). Returns
+        the keys of syncs reported as interrupted (the first poll after a restore)."""
         with self._lock:
+            if now is not None:
+                self._last_poll = now
+            keys = self._interrupted_keys(prefix)
             if not self._open:
-                return
+                return keys
             inputs = list(inputs)
             tokens = sum(generation_delta(i.delta) for i in inputs if i.is_engine)
             ops: dict[str, list[float]] = {}
@@ -117,6 +128,21 @@ class WeightSyncs:
                     acc = sync.operations.setdefault(op, [0.0, 0.0])
                     acc[0] += s
                     acc[1] += n
+            return keys
+
+    def _interrupted_keys(self, prefix: str) -> dict[str, float]:
+        """Syncs open at the restored checkpoint: reported in the first poll's row."""
+        if not self._restored_open:
+            return {}
+        p = f"{prefix}/{RL}/sync/"
+        keys = {
+            p + "interrupted": float(len(self._restored_open)),
+            p + "interrupted_seconds": sum(o["seconds"] for o in self._restored_open),
+            p + "interrupted_generation_tokens": sum(o["tokens"] for o in self._restored_open),
+        }
+        keys.update(self._totals(p))
+        self._restored_open = []
+        return keys
 
     def enter(self, token: int, version: str, now: float) -> None:
         with self._lock:
@@ -155,12 +181,26 @@ class WeightSyncs:
             p + "failed_total": float(self.failed),
             p + "seconds_total": self.seconds_total,
             p + "generation_tokens_total": self.tokens_total,
+            p + "interrupted_total": float(self.interrupted),
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain data: the run's sync totals (open syncs are not saved)."""
+        """Plain data: the run's sync totals and the syncs still open (each with its version,
+        its seconds from its entry poll to the last poll, its tokens and engine update sums so
+        far). Saving changes nothing here: an open sync continues in this collector."""
         with self._lock:
+            last = self._last_poll
             return {
+                "open": [
+                    {
+                        "version": o.version,
+                        "seconds": 0.0 if last is None else max(0.0, last - o.started),
+                        "tokens": o.tokens,
+                        "operations": {k: list(v) for k, v in o.operations.items()},
+                    }
+                    for o in self._open.values()
+                ],
+                "interrupted": self.interrupted,
                 "count": self.count,
                 "failed": self.failed,
                 "seconds_total": self.seconds_total,
@@ -169,7 +209,29 @@ class WeightSyncs:
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the saved totals. A sync open at the checkpoint cannot continue (its
+        handle lived in the saved process): it is counted in ``interrupted_total``, warned
+        about with its version, and reported once in the next poll's row
+        (``sync/interrupted``, ``interrupted_seconds``, ``interrupted_generation_tokens``:
+        what it covered until the checkpoint's last poll). Its version is not announced."""
         with self._lock:
+            opened = [
+                {
+                    "version": str(o["version"]),
+                    "seconds": float(o["seconds"]),
+                    "tokens": float(o["tokens"]),
+                }
+                for o in state.get("open", [])
+            ]
+            self.interrupted = int(state.get("interrupted", 0)) + len(opened)
+            self._restored_open = opened
+            for o in opened:
+                log.warning(
+                    "fleetscope: the weight sync to %r was open at the checkpoint (%.1f s in): "
+                    "counted as interrupted",
+                    o["version"],
+                    o["seconds"],
+                )
             self.count = int(state.get("count", 0))
             self.failed = int(state.get("failed", 0))
             self.seconds_total = float(state.get("seconds_total", 0.0))
@@ -179,7 +241,7 @@ class WeightSyncs:
 
     def summary_keys(self, prefix: str) -> dict[str, float]:
         with self._lock:
-            if not (self.count or self.failed):
+            if not (self.count or self.failed or self.interrupted):
                 return {}
             p = f"{prefix}/{RL}/sync/"
             out = self._totals(p)

@@ -426,3 +426,46 @@ async def test_versions_and_sync_totals_survive_a_checkpoint() -> None:
     assert (
         after["inference_summary/rl/sync/count"] == before["inference_summary/rl/sync/count"] == 1
     )
+
+
+async def test_a_sync_open_at_a_checkpoint_continues_here_and_is_interrupted_when_restored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``state_dict()`` inside ``weight_sync``: the saving collector's sync goes on and closes
+    normally; a collector restored from that state cannot close it (the handle lived in the
+    saved process), so it reports it as interrupted, once, with what it covered, and never
+    announces its version."""
+    async with rig() as r:
+        r.set_version("v0")
+        c = r.collector()
+        await c.poll()
+        c.set_policy_version("v0")
+        g0 = r.gen()
+        async with c.weight_sync("v1") as sync:
+            r.fleet.step(1.0)
+            await c.poll()
+            g1 = r.gen()
+            saved = json.loads(json.dumps(c.state_dict()))
+            r.set_version("v1")
+        await c.stop()
+        assert sync.keys["inference/rl/sync/count"] == 1  # it continued and closed normally
+        assert sync.keys["inference/rl/sync/interrupted_total"] == 0
+        (opened,) = saved["rl"]["syncs"]["open"]
+        assert opened["version"] == "v1" and opened["tokens"] == g1 - g0 > 0
+        c2 = r.collector()
+        with caplog.at_level("WARNING", logger="fleetscope"):
+            c2.load_state_dict(saved)
+        assert any("'v1' was open at the checkpoint" in m for m in caplog.messages)
+        view = await c2.poll()
+        again = await step_and_poll(r, c2)
+        summary = c2.summary()
+        await c2.stop()
+    k = view.keys
+    assert k["inference/rl/sync/interrupted"] == 1
+    assert k["inference/rl/sync/interrupted_generation_tokens"] == g1 - g0
+    assert k["inference/rl/sync/interrupted_seconds"] == opened["seconds"] > 0
+    assert k["inference/rl/sync/interrupted_total"] == 1
+    assert k["inference/rl/sync/count"] == 0  # it never finished in this run
+    assert "inference/rl/sync/interrupted" not in again.keys  # reported once
+    assert c2.versions.policy_version == "v0"  # its version was never announced
+    assert summary["inference_summary/rl/sync/interrupted_total"] == 1
