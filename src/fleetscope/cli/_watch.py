@@ -193,6 +193,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
         ),
     )
 
+    if args.policy_version_file:
+        from fleetscope.cli._policy_file import PolicyVersionFile
+
+        follower = PolicyVersionFile(args.policy_version_file, collector)
+        follower.check()  # before the first poll
+        collector.on_poll = follower.on_poll  # then after each poll, for the next one
+
     async def run() -> None:
         async with collector:
             follow = None
@@ -244,6 +251,12 @@ async def _watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -
         verify=not args.insecure,
         schema=args.schema,
     )
+    if args.policy_version_file:
+        from fleetscope.cli._policy_file import PolicyVersionFile
+
+        follower = PolicyVersionFile(args.policy_version_file, collector)
+        follower.check()
+        collector.on_poll = follower.on_poll
     await collector.poll()
     await asyncio.sleep(args.interval)
     view = await collector.poll()
@@ -282,6 +295,14 @@ def add_watch_parser(sub: argparse._SubParsersAction) -> None:
         "once the file parses and reads the same twice 0.2 s apart (an empty file too: no "
         "servers); servers whose URL stays keep their names. Write it atomically (a temporary "
         "file, then rename) to be safe from any reader",
+    )
+    w.add_argument(
+        "--policy-version-file",
+        default=None,
+        metavar="FILE",
+        help="the trainer's current policy version (first line); checked every poll (re-read "
+        "when its mtime changes) and compared with each server's /weight_info "
+        "(docs/rl-lifecycle.md). Write it atomically",
     )
     w.add_argument("--interval", type=float, default=5.0, help="seconds between polls (5)")
     w.add_argument("--timeout", type=float, default=5.0, help="per-scrape timeout (5)")
