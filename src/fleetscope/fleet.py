@@ -24,6 +24,7 @@ from fleetscope.stats.deltas import Baselines, EngineDelta
 
 if TYPE_CHECKING:
     from fleetscope.health import HealthEvent
+    from fleetscope.rl_view import EndpointInfo
 from fleetscope.stats.reduce import (
     EngineInput,
     Partial,
@@ -54,6 +55,8 @@ class PollResult:
     time: float = 0.0  # monotonic time of the latest response in this poll
     inputs: list[EngineInput] = field(default_factory=list)
     events: list[HealthEvent] = field(default_factory=list)
+    # per endpoint: engine kind, served weight version, paused / asleep (fleetscope.rl_view)
+    endpoint_info: dict[str, EndpointInfo] = field(default_factory=dict)
 
 
 class FleetState:

@@ -20,6 +20,7 @@ from fleetscope.identity import EngineId
 from fleetscope.keys import key_prefix, summary_prefix
 from fleetscope.report import summary_keys
 from fleetscope.rl_state import EngineStates
+from fleetscope.rl_view import EndpointInfo, endpoint_info
 from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.versions import PolicyVersions
 from fleetscope.view import FleetView, build_view
@@ -47,6 +48,7 @@ class PollPipeline:
         self.versions = PolicyVersions(stale_seconds=config.health_thresholds.stale_seconds)
         self.syncs = WeightSyncs()
         self.states = EngineStates(config.rl_probes)  # paused / asleep engine-seconds
+        self._info: dict[str, EndpointInfo] = {}
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
         # endpoint -> (engine kind, server version) as the source reported them (run summary)
         self.servers: dict[str, tuple[str | None, str | None]] = {}
@@ -91,6 +93,8 @@ class PollPipeline:
             )
             result.events.extend(vevents)
             result.keys.update(health_keys(result.events, self.prefix))
+            self._info = endpoint_info(scrapes, self.versions, self.states, self._info)
+            result.endpoint_info = self._info
             for ev in result.events:
                 if ev.condition != "scrape_failed":  # the source already warned, naming it
                     self._warner.warn(

@@ -535,3 +535,119 @@ async def _follow_changes(fleet: SimFleet, urls: dict[str, str]) -> None:
     for name, k in window.items():
         assert k["inference/train/agg/generation_tokens_total/delta"] == want, name
         assert k["inference/train/coverage"] == pytest.approx(1.0, abs=1e-12), name
+
+
+# ----------------------------------------------------------------------------- RL figures
+
+RL_DP = {"server0": 1, "server1": 2, "server2": 1, "server3": 2}
+
+
+def rl_figure(key: str) -> bool:
+    """The RL keys of a poll row, a window or the summary."""
+    return (
+        "/rl/" in key
+        or key.endswith(("/weight_version_lag", "/engines_paused", "/engines_asleep"))
+        or "_engine_seconds" in key
+        or key.endswith(("/paused_share", "/sleeping_share"))
+    )
+
+
+def rl_clock_dependent(key: str) -> bool:
+    """Seconds measured with each collector's own clock (checked apart, against its deltas)."""
+    return "_engine_seconds" in key or key.endswith(("_share", "sync/seconds", "seconds_total"))
+
+
+def test_sharded_collector_reports_the_same_rl_figures(ray_cluster):
+    """Versions, skew, stale tokens, weight syncs, paused / asleep engines: the probes run in
+    the driver and the shards' scrapes feed them, so a sharded collector reports exactly one
+    collector's RL figures; its paused / asleep engine-seconds follow its own deltas."""
+    fleet = SimFleet(seed=13)
+    for dp in RL_DP.values():
+        fleet.add_endpoint(dp=dp)
+    fleet.step(2.0)
+    with FleetServer(fleet) as server:
+        eps = [Endpoint(server.url(n), n) for n in RL_DP]
+        asyncio.run(_run_rl(fleet, eps))
+
+
+async def _run_rl(fleet: SimFleet, eps: list[Endpoint]) -> None:
+    opts = {"interval": 3600.0, "rl_probes": True, "fetch_model_info": False}
+    collectors: dict[str, Collector] = {
+        "one": Collector(eps, **opts),
+        "shards2": ShardedCollector(eps, shards=2, **opts),
+    }
+    ep = {n: fleet.endpoint(n) for n in RL_DP}
+    try:
+        await _poll_all(collectors)  # baselines
+        for c in collectors.values():
+            c.set_policy_version("v0")
+            c.set_policy_version("v1")
+        for n in ("server0", "server1"):
+            ep[n].update_weight_version("v1")
+        ep["server2"].update_weight_version("v0")  # stale; server3 serves "default": unknown
+        ep["server1"].pause()
+        ep["server2"].sleep(1)
+        fleet.step(1.0)
+        rows = [await _poll_all(collectors)]
+        for c in collectors.values():
+            await c.window("train").astart()
+        fleet.step(1.0)
+        rows.append(await _poll_all(collectors))
+        syncs = {}
+        for name, c in collectors.items():
+            syncs[name] = c.weight_sync("v2")
+            await syncs[name].__aenter__()
+        fleet.step(1.0)
+        ep["server0"].simulate_weight_update("v2")
+        ep["server1"].resume()
+        fleet.step(1.0)
+        for name in collectors:
+            await syncs[name].__aexit__(None, None, None)
+        fleet.step(1.0)
+        rows.append(await _poll_all(collectors))
+        window = {name: await c.window("train").astop() for name, c in collectors.items()}
+    finally:
+        for c in collectors.values():
+            await c.stop()
+    summary = {name: c.summary() for name, c in collectors.items()}
+    checked = 0
+    for i, (views, _, _) in enumerate(rows):
+        one, sharded = views["one"].keys, views["shards2"].keys
+        got = {k for k in sharded if rl_figure(k)}
+        assert got == {k for k in one if rl_figure(k)}
+        for k in got:
+            if not rl_clock_dependent(k):
+                assert sharded[k] == one[k], k
+                checked += 1
+        for name, v in views.items() if i == 0 else ():  # after a boundary: held seconds too
+            # engine-seconds: each collector's own intervals
+            d = v.result.deltas
+            paused = sum(x.seconds for e, x in d.items() if e.is_engine and e.endpoint == "server1")
+            asleep = sum(x.seconds for e, x in d.items() if e.is_engine and e.endpoint == "server2")
+            k = v.keys
+            if (
+                "inference/server1/paused_engine_seconds" in k
+                and k["inference/server1/engines_paused"]
+            ):
+                assert k["inference/server1/paused_engine_seconds"] == pytest.approx(paused), name
+            assert k["inference/server2/sleeping_engine_seconds"] == pytest.approx(asleep), name
+    first = rows[0][0]["shards2"].keys
+    assert (
+        first["inference/rl/engines_stale"] == 1
+        and first["inference/rl/engines_unknown_version"] == 2
+    )
+    assert first["inference/agg/engines_paused"] == 3 and first["inference/agg/engines_asleep"] == 1
+    upd = "inference/rl/sync/engine_update_count{operation=update}"
+    assert syncs["one"].keys[upd] == syncs["shards2"].keys.get(upd) == 1, syncs["shards2"].keys
+    for a, b in (
+        (syncs["shards2"].keys, syncs["one"].keys),
+        (window["shards2"], window["one"]),
+        (summary["shards2"], summary["one"]),
+    ):
+        ks = {k for k in b if rl_figure(k)}
+        assert ks and ks == {k for k in a if rl_figure(k)}
+        for k in ks:
+            if not rl_clock_dependent(k):
+                assert a[k] == b[k], k
+                checked += 1
+    assert checked > 60, checked

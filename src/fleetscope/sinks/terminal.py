@@ -35,6 +35,10 @@ class EngineRow:
     prompt_rate: float | None
     hit_rate: float | None
     ttft: float | None
+    kind: str = "-"  # vLLM | SGLang | - (not known)
+    weights: str = ""  # the served weight version ("" when versions are not in use)
+    stale: bool = False  # it serves an older version than the trainer's
+    state: str = ""  # serving | PAUSED | ASLEEP | "" (unknown)
 
 
 def _f(m: Mapping[str, float], k: str) -> float | None:
@@ -62,6 +66,36 @@ def status_of(conditions: list[str]) -> tuple[str, int]:
     return worst
 
 
+def _rl_cells(result: PollResult, endpoint: str, engine: str) -> dict[str, Any]:
+    """The kind, weights and state cells of one engine (its endpoint's, docs/rl-lifecycle.md)."""
+    from fleetscope.rl_view import KIND_NAMES
+
+    info = getattr(result, "endpoint_info", {}).get(endpoint)
+    if info is None:
+        return {}
+    asleep = None
+    for inp in result.inputs:
+        if inp.engine_id == engine:
+            from fleetscope.rl_state import asleep_from_gauge
+
+            asleep = asleep_from_gauge(inp.delta.current)
+            break
+    if asleep is None and info.engines and info.engines_asleep == info.engines:
+        asleep = True
+    state = "ASLEEP" if asleep else "PAUSED" if info.paused else ""
+    if not state and (info.paused is not None or asleep is not None):
+        state = "serving"
+    weights = ""
+    if info.version is not None:
+        weights = info.version if not info.lag else f"{info.version} ({-info.lag:+d})"
+    return {
+        "kind": KIND_NAMES.get(info.kind or "", "-"),
+        "weights": weights,
+        "stale": bool(info.lag and info.lag > 0),
+        "state": state,
+    }
+
+
 def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[EngineRow]:
     stats = result.stats
     rows: list[EngineRow] = []
@@ -87,11 +121,16 @@ def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[Eng
                 _f(m, "prompt_tokens_total:rate"),
                 _f(m, "prefix_cache_hit_rate"),
                 _f(m, "time_to_first_token_seconds:mean"),
+                **_rl_cells(result, endpoint_of(eid), eid),
             )
         )
     for sc in result.scrapes:
         if not sc.ok:
-            rows.append(EngineRow(sc.endpoint + ".*", sc.role or "-", "NO DATA", 2, *(None,) * 7))
+            cells = _rl_cells(result, sc.endpoint, "")
+            cells.pop("state", None)  # not observed this poll
+            rows.append(
+                EngineRow(sc.endpoint + ".*", sc.role or "-", "NO DATA", 2, *(None,) * 7, **cells)
+            )
     rows.sort(key=lambda r: (-r.severity, r.engine_id))
     return rows
 
@@ -181,6 +220,10 @@ class TerminalSink:
             f"TTFT p90 {_num(stat('time_to_first_token_seconds', 'p90'), '{:.3f}')} s  ",
             (f"{len(sick)} sick" if sick else "all healthy", "bold red" if sick else "green"),
         )
+        held = sum(1 for r in rows if r.state in ("PAUSED", "ASLEEP"))
+        stale = sum(1 for r in rows if r.stale)
+        if held or stale:
+            head.append(f"  {held} paused/asleep  {stale} on old weights", style="yellow")
         table = Table(show_lines=False, header_style="bold", expand=False)
         for col, just in (
             ("engine", "left"),
@@ -193,8 +236,16 @@ class TerminalSink:
             ("prompt tok/s", "right"),
             ("hit", "right"),
             ("TTFT", "right"),
+            ("kind", "left"),
         ):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
+        # the RL loop (docs/rl-lifecycle.md): served weights and paused / asleep, when known
+        show_weights = any(r.weights for r in rows)
+        show_state = any(r.state for r in rows)
+        if show_weights:
+            table.add_column("weights", justify="left")
+        if show_state:
+            table.add_column("state", justify="left")
         # the engine id is what the operator acts on: never cut it ("serve…") on a narrow
         # console (80 columns when piped); the numeric columns wrap instead
         id_width = max((len(r.engine_id) for r in rows[: self.max_rows]), default=6)
@@ -204,6 +255,11 @@ class TerminalSink:
         table.columns[2].min_width = max(len(r.status) for r in rows) if rows else 6
         for r in rows[: self.max_rows]:
             style = {2: "bold red", 1: "yellow", 0: ""}[r.severity]
+            extra: list[Any] = []
+            if show_weights:
+                extra.append(Text(r.weights or "?", style="yellow" if r.stale else ""))
+            if show_state:
+                extra.append(Text(r.state or "?", style="yellow" if r.state.isupper() else ""))
             table.add_row(
                 r.engine_id,
                 r.role,
@@ -215,6 +271,8 @@ class TerminalSink:
                 _num(r.prompt_rate),
                 _num(r.hit_rate, "{:.0%}"),
                 _num(r.ttft, "{:.3f}"),
+                r.kind,
+                *extra,
                 style=style if r.severity == 2 else None,
             )
         if len(rows) > self.max_rows:
