@@ -115,6 +115,8 @@ class Server:
             "DO_NOT_TRACK": "1",
             "TMPDIR": str(tmpdir),  # vLLM leaves vllm_dist_* files in the temp folder
             "PYTHONUNBUFFERED": "1",
+            # the RL routes (/pause, /weight_info, weight transfer...): tests/real/rl_scenario.py
+            "VLLM_SERVER_DEV_MODE": "1",
         }
         for var in ("PROMETHEUS_MULTIPROC_DIR", "VIRTUAL_ENV", "PYTHONPATH"):
             self.env.pop(var, None)
@@ -276,7 +278,14 @@ def main() -> int:
 
         with Phase("servers start"):
             servers = [
-                Server("server0", python, model, tmp, []),
+                # ipc weight transfer: the sequence that works without a GPU (empty chunks)
+                Server(
+                    "server0",
+                    python,
+                    model,
+                    tmp,
+                    ["--weight-transfer-config", '{"backend":"ipc"}'],
+                ),
                 Server(
                     "server1",
                     python,

@@ -329,6 +329,20 @@ def real_run(tmp_path_factory: pytest.TempPathFactory):
         yield run
 
 
+@pytest.fixture(scope="session")
+def real_rl(real_run: RealRun):
+    """The RL phase (tests/real/rl_scenario.py), after the main scenario, with its Prometheus."""
+    from real.rl_scenario import rl_scenario
+
+    t0 = time.monotonic()
+    rl = asyncio.run(rl_scenario(real_run.urls, real_run.prom, real_run.out_dir))
+    print(
+        f"\nreal vLLM RL phase: {time.monotonic() - t0:.1f} s; calls: "
+        + ", ".join(f"{c.server} {c.method} {c.path} {c.status}" for c in rl.calls)
+    )
+    return rl
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     if not _have_servers():
         return []

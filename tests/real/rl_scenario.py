@@ -1,0 +1,179 @@
+"""The RL part of the real vLLM scenario (docs/rl-lifecycle.md), after the main one.
+
+A fresh collector (``rl_probes=True``) watches both servers while the load generator runs
+against them; the test itself drives vLLM's RL routes and times every call:
+
+1. ``default`` is announced (vLLM's initial version);
+2. ``POST /pause?mode=keep`` on ``server0`` while it has requests running; polls during the
+   pause; ``POST /resume``;
+3. ``POST /sleep?level=1`` on ``server1`` (DP=2: both engines; on CPU this only pauses the
+   scheduler, but ``engine_sleep_state`` says asleep); polls; ``POST /wake_up``;
+4. ``weight_sync("step-1")``: ``POST /update_weight_version {"new_version":"step-1"}`` on
+   ``server0`` only: ``server1`` (2 engines) misses it;
+5. ``weight_sync("step-2")`` on ``server0``: the weight-transfer sequence that works without a
+   GPU (``ipc`` backend, ``--weight-transfer-config``): ``/pause``,
+   ``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights`` with an
+   empty chunk, ``/finish_weight_update {"weight_version":"step-2"}``, ``/resume``; then
+   ``server1`` gets ``step-2`` too and a last poll shows no skew.
+
+Every poll's view, every HTTP call (status, answer, monotonic start/end) and the bodies
+(``/metrics`` and ``/weight_info``) after each phase are kept for the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+LOADGEN = ROOT / "scripts" / "real_vllm" / "loadgen.py"
+EMPTY_CHUNK = {"update_info": {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}}
+PAUSE_POLLS = 3  # polls while paused / asleep, about 1 s apart
+
+
+@dataclass
+class Call:
+    server: str
+    method: str
+    path: str
+    status: int
+    answer: Any
+    t0: float  # monotonic, sent
+    t1: float  # monotonic, answered
+
+
+@dataclass
+class RLRun:
+    urls: dict[str, str]
+    calls: list[Call] = field(default_factory=list)
+    views: list[tuple[str, Any]] = field(default_factory=list)  # (phase, FleetView)
+    syncs: dict[str, dict[str, float]] = field(default_factory=dict)
+    bodies: dict[str, dict[str, str]] = field(default_factory=dict)  # phase -> server -> text
+    weight_info: dict[str, dict[str, str]] = field(default_factory=dict)  # phase -> server -> v
+    summary: dict[str, Any] = field(default_factory=dict)
+    load: dict[str, Any] = field(default_factory=dict)
+    t_promql: float = 0.0  # a Prometheus scrape after the last RL call (Unix time)
+
+    def call(self, server: str, path: str) -> Call:
+        (c,) = [c for c in self.calls if c.server == server and c.path == path]
+        return c
+
+    def phase(self, name: str) -> list[Any]:
+        return [v for p, v in self.views if p == name]
+
+
+async def rl_scenario(urls: dict[str, str], prom: Any, out_dir: Path) -> RLRun:
+    from fleetscope.collector import Collector
+    from fleetscope.sources.http import Endpoint
+
+    run = RLRun(urls)
+    async with httpx.AsyncClient(timeout=60) as http:
+
+        async def call(server: str, method: str, path: str, body: Any = None) -> Call:
+            t0 = time.monotonic()
+            r = await http.request(method, urls[server] + path, json=body)
+            try:
+                answer = r.json()
+            except ValueError:
+                answer = r.text
+            c = Call(
+                server, method, path.split("?")[0], r.status_code, answer, t0, time.monotonic()
+            )
+            run.calls.append(c)
+            return c
+
+        async def snapshot(phase: str) -> None:
+            run.bodies[phase] = {n: (await http.get(u + "/metrics")).text for n, u in urls.items()}
+            run.weight_info[phase] = {
+                n: (await http.get(u + "/weight_info")).json()["weight_version"]
+                for n, u in urls.items()
+            }
+
+        eps = [Endpoint(u, n) for n, u in urls.items()]
+        c = Collector(eps, interval=3600, timeout=10, rl_probes=True)
+
+        async def poll(phase: str) -> Any:
+            view = await c.poll()
+            run.views.append((phase, view))
+            return view
+
+        proc = None
+        try:
+            await poll("baseline")
+            c.set_policy_version("default")
+            load_json = out_dir / "rl_load.json"
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(LOADGEN),
+                *[a for u in urls.values() for a in ("--url", u)],
+                "--requests", "24", "--concurrency", "3", "--seed", "7",
+                "--out", str(load_json),
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            # wait until server0 is busy (the load reached it)
+            for _ in range(240):
+                text = (await http.get(urls["server0"] + "/metrics")).text
+                running = [
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("vllm:num_requests_running{")
+                ]
+                if sum(running) > 0:
+                    break
+                await asyncio.sleep(0.25)
+            await poll("before_pause")
+            await call("server0", "POST", "/pause?mode=keep")
+            for _ in range(PAUSE_POLLS):
+                await asyncio.sleep(1.0)
+                await poll("paused")
+            await snapshot("paused")
+            await call("server0", "GET", "/is_paused")
+            await call("server0", "POST", "/resume")
+            await poll("resumed")
+            await call("server1", "POST", "/sleep?level=1&mode=keep")
+            for _ in range(PAUSE_POLLS):
+                await asyncio.sleep(1.0)
+                await poll("asleep")
+            await snapshot("asleep")
+            await call("server1", "POST", "/wake_up")
+            await poll("awake")
+            async with c.weight_sync("step-1") as s1:
+                await call("server0", "POST", "/update_weight_version", {"new_version": "step-1"})
+            run.syncs["step-1"] = s1.keys
+            run.views.append(("sync1_exit", c.last))
+            await asyncio.sleep(1.0)
+            await poll("skew")
+            await snapshot("skew")
+            async with c.weight_sync("step-2") as s2:
+                await call("server0", "POST", "/pause?mode=keep")
+                await call("server0", "POST", "/init_weight_transfer_engine", {"init_info": {}})
+                await call("server0", "POST", "/start_weight_update")
+                await call("server0", "POST", "/update_weights", EMPTY_CHUNK)
+                await call("server0", "POST", "/finish_weight_update", {"weight_version": "step-2"})
+                await call("server0", "POST", "/resume")
+            run.syncs["step-2"] = s2.keys
+            run.views.append(("sync2_exit", c.last))
+            await call("server1", "POST", "/update_weight_version", {"new_version": "step-2"})
+            await poll("fresh")
+            await snapshot("final")
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"load generator failed: {err.decode()[-2000:]}")
+            run.load = json.loads(load_json.read_text())
+            await poll("after_load")
+            run.t_promql = await asyncio.to_thread(prom.wait_for_scrape_after, time.time(), 60.0)
+            run.summary = c.summary()
+        finally:
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+            await c.stop()
+    (out_dir / "rl_calls.json").write_text(
+        json.dumps([c.__dict__ for c in run.calls], indent=1, default=str) + "\n"
+    )
+    return run
