@@ -277,6 +277,7 @@ def test_publish_reuses_updates_and_keeps_other_sections(fake: tuple[FakeWandb, 
     assert list(backend.views) == ["nw-view1-v"] and backend.views["nw-view1-v"].id == "id1"
     assert [s.name for s in ws.Workspace._from_model(backend.views["nw-view1-v"]).sections] == [
         "Inference",
+        "RL loop",
         "My charts",
     ]
     assert _saved_panels(backend, "nw-view1-v") == [
@@ -361,3 +362,54 @@ def test_cli_dry_run_and_publish(monkeypatch: pytest.MonkeyPatch) -> None:
     with redirect_stdout(io.StringIO()):
         main(["dashboard", "wandb", "--entity", "e", "--project", "p", "--plain"])
     assert calls[-1][1]["disaggregated"] is False
+
+
+# --------------------------------------------------------------------------- the RL loop
+
+
+async def _rl_emitted(roles: list[str | None]) -> set[str]:
+    """A run with the whole RL loop: versions (one endpoint misses one), a pause, a sleep, a
+    weight sync with the engines' own update calls (an operation in flight)."""
+    from fleetscope.dashboards._rl_panels import OPERATIONS
+
+    fleet = SimFleet.build(len(roles), dp=2, roles=roles, seed=5)
+    fleet.step(3.0)
+    keys: set[str] = set()
+    with FleetServer(fleet) as server:
+        eps = [
+            Endpoint(u, role=ep.role) for u, ep in zip(server.urls, fleet.endpoints, strict=True)
+        ]
+        c = Collector(eps, interval=3600, rl_probes=True)
+        first, last = fleet.endpoints[0], fleet.endpoints[-1]
+
+        async def poll() -> None:
+            fleet.step(1.0)
+            keys.update((await c.poll()).keys)
+
+        await poll()
+        c.set_policy_version("v0")
+        first.pause()
+        last.sleep(1)
+        await poll()
+        async with c.weight_sync("v1") as sync:
+            fleet.step(1.0)
+            first.simulate_weight_update("v1", dict.fromkeys(OPERATIONS, 0.2))
+            first.rl.set_in_flight("update", 1)
+            await poll()
+        keys.update(sync.keys)
+        first.resume()
+        last.wake_up()
+        await poll()
+        await poll()
+        await c.stop()
+    return keys
+
+
+@pytest.mark.parametrize("roles", [[None, None], ["prefill", "decode", "decode"]])
+def test_every_rl_panel_key_is_emitted(roles: list[str | None]) -> None:
+    from fleetscope.dashboards._rl_panels import rl_panels
+
+    emitted = asyncio.run(_rl_emitted(roles))
+    panels = rl_panels(disaggregated=roles[0] is not None)
+    assert len(panels) == 8
+    assert _missing(panels, emitted) == {}

@@ -61,9 +61,9 @@ class RLRun:
     load: dict[str, Any] = field(default_factory=dict)
     t_promql: float = 0.0  # a Prometheus scrape after the last RL call (Unix time)
 
-    def call(self, server: str, path: str) -> Call:
-        (c,) = [c for c in self.calls if c.server == server and c.path == path]
-        return c
+    def call(self, server: str, path: str, index: int = 0) -> Call:
+        """The ``index``-th call of ``path`` to ``server`` (``/pause`` is called twice)."""
+        return [c for c in self.calls if c.server == server and c.path == path][index]
 
     def phase(self, name: str) -> list[Any]:
         return [v for p, v in self.views if p == name]

@@ -598,7 +598,9 @@ async def _run_rl(fleet: SimFleet, eps: list[Endpoint]) -> None:
             syncs[name] = c.weight_sync("v2")
             await syncs[name].__aenter__()
         fleet.step(1.0)
-        ep["server0"].simulate_weight_update("v2")
+        # on a DP=2 server (multiprocess: no _created): the fleet is stepped by hand, so a
+        # single-process server's simulated _created may lag the real clock of the polls
+        ep["server1"].simulate_weight_update("v2")
         ep["server1"].resume()
         fleet.step(1.0)
         for name in collectors:

@@ -35,21 +35,25 @@ class _Promql:
         self.role = role_label
         self.filters = f'job=~"${job_var}",{role_label}=~"${role_var}"'
 
-    def name_matcher(self, name: str) -> str:
+    def name_matcher(self, name: str, engine: str = "vllm") -> str:
         """``vllm:x`` for an exact prefix, else a ``__name__`` regex matching ``:`` and ``_``."""
         if self.prefix is None:
-            return f'__name__=~"vllm[:_]{name}"'
+            return f'__name__=~"{engine}[:_]{name}"'
         return ""
 
-    def sel(self, name: str, extra: str = "", *, filters: bool = True) -> str:
-        """A selector for ``vllm:{name}`` with the dashboard's filters and ``extra`` matchers."""
+    def sel(self, name: str, extra: str = "", *, filters: bool = True, engine: str = "vllm") -> str:
+        """A selector for ``vllm:{name}`` (``sglang:`` with ``engine="sglang"``) with the
+        dashboard's filters and ``extra`` matchers."""
         scope = self.filters if filters else ""
-        matchers = [m for m in (self.name_matcher(name), scope, extra) if m]
-        head = "" if self.prefix is None else f"{self.prefix}{name}"
+        matchers = [m for m in (self.name_matcher(name, engine), scope, extra) if m]
+        head = ""
+        if self.prefix is not None:  # an exact prefix: SGLang's takes the same separator
+            head = self.prefix if engine == "vllm" else "sglang" + self.prefix[-1]
+            head += name
         return head + ("{" + ",".join(matchers) + "}" if matchers else "")
 
-    def rate(self, name: str, extra: str = "") -> str:
-        return f"rate({self.sel(name, extra)}[{RATE}])"
+    def rate(self, name: str, extra: str = "", engine: str = "vllm") -> str:
+        return f"rate({self.sel(name, extra, engine=engine)}[{RATE}])"
 
     @property
     def engine(self) -> str:
@@ -82,21 +86,28 @@ class _Promql:
     def ratio(self, num: str, den: str, by: str) -> str:
         return f"sum by ({by}) ({num}) / sum by ({by}) ({den})"
 
-    def latency(self, name: str) -> tuple[_Query, ...]:
-        r = self.role
+    def latency(
+        self,
+        name: str,
+        by: str = "",
+        engine: str = "vllm",
+        quantiles: tuple[float, ...] = QUANTILES,
+    ) -> tuple[_Query, ...]:
+        """Quantiles (pooled bucket rates) and the mean, per role (and ``by``)."""
+        r = f"{by}, {self.role}" if by else self.role
+        legend = " ".join(f"{{{{{x.strip()}}}}}" for x in r.split(","))
         out = [
             _Query(
-                f"histogram_quantile({q}, sum by (le, {r}) ({self.rate(name + '_bucket')}))",
-                f"p{round(q * 100)} {{{{{r}}}}}",
+                f"histogram_quantile({q}, sum by (le, {r}) "
+                f"({self.rate(name + '_bucket', engine=engine)}))",
+                f"p{round(q * 100)} {legend}",
             )
-            for q in QUANTILES
+            for q in quantiles
         ]
-        out.append(
-            _Query(
-                self.ratio(self.rate(name + "_sum"), self.rate(name + "_count"), r),
-                f"mean {{{{{r}}}}}",
-            )
+        mean = self.ratio(
+            self.rate(name + "_sum", engine=engine), self.rate(name + "_count", engine=engine), r
         )
+        out.append(_Query(mean, f"mean {legend}"))
         return tuple(out)
 
 
@@ -250,9 +261,13 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
             ),
         ),
     ]
+    from fleetscope.dashboards._grafana_rl import rl_row, sglang_row
+
     return [
         ("Fleet", fleet),
         ("Latency", latency),
         ("Requests", requests),
         ("Scrape health", health),
+        ("RL loop", rl_row(p)),
+        ("SGLang", sglang_row(p)),
     ]

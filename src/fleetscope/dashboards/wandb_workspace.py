@@ -1,6 +1,7 @@
 """A W&B workspace for fleetscope runs, generated from code with ``wandb-workspaces``.
 
-One section, ``Inference``, whose panels each pair the fleet aggregate with the cross-engine
+Two sections: ``RL loop`` (:mod:`fleetscope.dashboards._rl_panels`: weight updates, pauses,
+versions, syncs) and ``Inference``, whose panels each pair the fleet aggregate with the cross-engine
 tail that flags one sick engine (prime-rl's seven panels, plus latency, truncation and the
 collector's own health):
 
@@ -235,13 +236,17 @@ def _wandb_api() -> Any:
 
 
 def build_section(
-    panels: Sequence[Panel], *, x_axis: str = DEFAULT_X_AXIS, wandb_workspaces: Any = None
+    panels: Sequence[Panel],
+    *,
+    x_axis: str = DEFAULT_X_AXIS,
+    wandb_workspaces: Any = None,
+    name: str = SECTION_NAME,
 ) -> Any:
-    """The ``Inference`` section (a ``wandb_workspaces.workspaces.Section``) for ``panels``."""
+    """A section (``wandb_workspaces.workspaces.Section``, ``Inference`` by default)."""
     mods = wandb_workspaces or _import_workspaces()
     ws, wr = mods.workspaces, mods.reports.v2
     return ws.Section(
-        name=SECTION_NAME,
+        name=name,
         panels=[wr.LinePlot(title=p.title, x=x_axis, y=list(p.keys)) for p in panels],
         is_open=True,
         layout_settings=ws.SectionLayoutSettings(columns=3, rows=math.ceil(len(panels) / 3)),
@@ -335,28 +340,40 @@ def publish_workspace(
     (``created``). ``wandb_workspaces`` (the module) and ``api`` (a ``wandb.Api``) can be
     passed in, e.g. fakes for tests.
     """
+    from fleetscope.dashboards._rl_panels import RL_SECTION_NAME, rl_panels
+
     mods = wandb_workspaces or _import_workspaces()
     name = name or default_view_name(disaggregated)
-    panels = inference_panels(disaggregated, prefix)
-    section = build_section(panels, x_axis=x_axis, wandb_workspaces=mods)
-    want = section_fingerprint(section)
+    ours = [
+        build_section(
+            inference_panels(disaggregated, prefix), x_axis=x_axis, wandb_workspaces=mods
+        ),
+        build_section(
+            rl_panels(disaggregated, prefix),
+            x_axis=x_axis,
+            wandb_workspaces=mods,
+            name=RL_SECTION_NAME,
+        ),
+    ]
+    want = [section_fingerprint(s) for s in ours]
     existing = find_views(entity, project, name, wandb_workspaces=mods, api=api)
     for view in existing:
-        if section_fingerprint(_find_section(view)) == want:
+        if [section_fingerprint(_find_section(view, s.name)) for s in ours] == want:
             return PublishResult("unchanged", view, disaggregated)
     if existing:
         view = existing[0]
         sections = list(view.sections)
-        for i, s in enumerate(sections):
-            if s.name == SECTION_NAME:
-                sections[i] = section
-                break
-        else:
-            sections.insert(0, section)
+        for pos, section in enumerate(ours):
+            for i, s in enumerate(sections):
+                if s.name == section.name:
+                    sections[i] = section
+                    break
+            else:
+                sections.insert(pos, section)
         view.sections = sections
         view.save()
         return PublishResult("updated", view, disaggregated)
-    view = mods.workspaces.Workspace(entity=entity, project=project, name=name, sections=[section])
+    view = mods.workspaces.Workspace(entity=entity, project=project, name=name, sections=ours)
     view.save()
     return PublishResult("created", view, disaggregated)
 

@@ -392,9 +392,7 @@ class SimEndpoint:
             family = self._http_family(spec, single)
             if single or family[3]:
                 families.append(family)
-        rl = self.rl.family(single)
-        if rl is not None:
-            families.append(rl)
+        families.extend(self.rl.families(single))
         if not single:
             families.sort(key=lambda f: MULTIPROCESS_KIND_ORDER[f[1]])
         return families

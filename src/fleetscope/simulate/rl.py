@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 RL_OPERATION_FAMILY = "vllm:rl_weight_update_operation_duration_seconds"
 RL_OPERATION_HELP = "Duration of one RL weight-update operation."
 RL_OPERATION_BUCKETS: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+RL_IN_FLIGHT_FAMILY = "vllm:rl_weight_update_operations_in_flight"
+RL_IN_FLIGHT_HELP = "RL weight-update operations in flight."
 RL_OPERATIONS = ("init", "shutdown", "start", "start_draft", "update", "finish")
 INITIAL_VERSION = "default"
 
@@ -42,6 +44,8 @@ class SimRL:
         # operation -> histogram; absent until the first observation (created lazily)
         self.operations: dict[str, HistogramCounts] = {}
         self.created: dict[str, float] = {}
+        # operation -> operations in flight (a livesum gauge, created with its histogram)
+        self.in_flight: dict[str, float] = {}
 
     # -- state changes (callers hold the endpoint's lock) ---------------------------------------
     def set_version(self, version: str) -> None:
@@ -68,6 +72,11 @@ class SimRL:
             hist = self.operations[operation] = HistogramCounts(RL_OPERATION_BUCKETS)
             self.created[operation] = self._endpoint._wall_now()
         hist.observe(seconds)
+        self.in_flight.setdefault(operation, 0.0)
+
+    def set_in_flight(self, operation: str, n: float) -> None:
+        """``rl_weight_update_operations_in_flight{operation}`` (a handler awaiting its call)."""
+        self.in_flight[operation] = float(n)
 
     def reset(self) -> None:
         """A restarted server: version ``default``, unpaused, no RL family."""
@@ -75,6 +84,7 @@ class SimRL:
         self.paused = False
         self.operations = {}
         self.created = {}
+        self.in_flight = {}
 
     # -- HTTP ----------------------------------------------------------------------------------
     def answer(self, method: str, path: str, body: bytes) -> Answer | None:
@@ -128,6 +138,18 @@ class SimRL:
             return 200, {"success": True, "new_version": version}
 
     # -- exposition ----------------------------------------------------------------------------
+    def families(self, single: bool) -> list[tuple[str, str, str, list[Any]]]:
+        """The RL histogram and in-flight gauge families (none before the first call)."""
+        hist = self.family(single)
+        if hist is None and not self.in_flight:
+            return []
+        rows = [
+            (RL_IN_FLIGHT_FAMILY, (("operation", op),), n)
+            for op, n in sorted(self.in_flight.items())
+        ]
+        gauge = (RL_IN_FLIGHT_FAMILY, "gauge", RL_IN_FLIGHT_HELP, rows)
+        return [f for f in (hist, gauge) if f is not None and f[3]]
+
     def family(self, single: bool) -> tuple[str, str, str, list[Any]] | None:
         """The RL histogram family (None until its first observation)."""
         if not self.operations:

@@ -1,0 +1,139 @@
+"""The Grafana dashboard's "RL loop" and "SGLang" rows (PromQL over the raw series).
+
+RL loop: what vLLM's own series say about the RL loop: weight-update seconds per operation
+(``vllm:rl_weight_update_operation_duration_seconds{operation}``: quantiles from pooled bucket
+rates, and the mean), calls per second and in flight (``..._operations_in_flight``), engines
+asleep time-weighted over the rate interval (``1 - avg_over_time(engine_sleep_state{
+sleep_state="awake"})`` summed: asleep engine-seconds per second), and sleep-mode operation
+seconds. No vLLM series says "paused" or carries a weight version, and the trainer's syncs are
+fleetscope's: paused engine-seconds, version skew and sync wall time are fleetscope keys (the
+W&B workspace's RL loop section, docs/rl-lifecycle.md), not PromQL.
+
+SGLang: the same fleet view for ``sglang:`` series (SGLang 0.5.x names, docs/sglang.md):
+running / queued requests, KV token usage, token rates, TTFT and end-to-end latency.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetscope.dashboards._grafana_panels import _PanelSpec, _Promql
+
+_RL = "rl_weight_update_operation_duration_seconds"
+_SLEEP_OPS = "sleep_mode_operation_duration_seconds"
+
+
+def rl_row(p: _Promql) -> list[_PanelSpec]:
+    from fleetscope.dashboards._grafana_panels import _PanelSpec, _Query
+
+    r = p.role
+    awake = p.sel("engine_sleep_state", 'sleep_state="awake"')
+    return [
+        _PanelSpec(
+            "Weight-update seconds per operation",
+            "vLLM's RL weight-update handlers (init, start, update, finish, ...): p50/p90 from "
+            "pooled bucket rates, and the mean (sum / count), per operation.",
+            "s",
+            p.latency(_RL, by="operation", quantiles=(0.5, 0.9)),
+        ),
+        _PanelSpec(
+            "Weight-update calls / s, in flight",
+            "Calls per second per operation (failed calls count too), and handlers awaiting "
+            "the engine now.",
+            "short",
+            (
+                _Query(
+                    f"sum by (operation, {r}) ({p.rate(_RL + '_count')})",
+                    f"calls/s {{{{operation}}}} {{{{{r}}}}}",
+                ),
+                _Query(
+                    f"sum by (operation, {r}) ({p.sel('rl_weight_update_operations_in_flight')})",
+                    f"in flight {{{{operation}}}} {{{{{r}}}}}",
+                ),
+            ),
+        ),
+        _PanelSpec(
+            "Engines asleep (time-weighted)",
+            "Engines whose engine_sleep_state awake gauge is 0, averaged over the rate "
+            "interval (asleep engine-seconds per second). vLLM has no series for /pause: "
+            "paused engine-seconds, version skew and sync wall time are fleetscope's keys.",
+            "short",
+            (
+                _Query(
+                    f"sum by ({r}) (1 - avg_over_time({awake}[{_rate()}]))",
+                    f"asleep {{{{{r}}}}}",
+                ),
+                _Query(f"count by ({r}) ({awake})", f"engines {{{{{r}}}}}"),
+            ),
+        ),
+        _PanelSpec(
+            "Sleep-mode operation seconds",
+            "/sleep, /wake_up, /release_kv_cache_memory handlers: p90 and mean per operation.",
+            "s",
+            p.latency(_SLEEP_OPS, by="operation", quantiles=(0.9,)),
+        ),
+    ]
+
+
+def _rate() -> str:
+    from fleetscope.dashboards._grafana_panels import RATE
+
+    return RATE
+
+
+def sglang_row(p: _Promql) -> list[_PanelSpec]:
+    from fleetscope.dashboards._grafana_panels import _PanelSpec, _Query
+
+    r = p.role
+
+    def sel(name: str) -> str:
+        return p.sel(name, engine="sglang")
+
+    def rate(name: str) -> str:
+        return p.rate(name, engine="sglang")
+
+    return [
+        _PanelSpec(
+            "SGLang: running and queued requests",
+            "sglang:num_running_reqs and num_queue_reqs, summed per role.",
+            "short",
+            (
+                _Query(f"sum by ({r}) ({sel('num_running_reqs')})", f"running {{{{{r}}}}}"),
+                _Query(f"sum by ({r}) ({sel('num_queue_reqs')})", f"queued {{{{{r}}}}}"),
+            ),
+        ),
+        _PanelSpec(
+            "SGLang: KV token usage",
+            "sglang:token_usage: mean and the fullest engine.",
+            "percentunit",
+            (
+                _Query(f"avg by ({r}) ({sel('token_usage')})", f"mean {{{{{r}}}}}"),
+                _Query(f"max by ({r}) ({sel('token_usage')})", f"max engine {{{{{r}}}}}"),
+            ),
+            max=1.0,
+        ),
+        _PanelSpec(
+            "SGLang: tokens / s",
+            "Generation and prompt tokens per second, fleet totals per role.",
+            "short",
+            (
+                _Query(
+                    f"sum by ({r}) ({rate('generation_tokens_total')})", f"generation {{{{{r}}}}}"
+                ),
+                _Query(f"sum by ({r}) ({rate('prompt_tokens_total')})", f"prompt {{{{{r}}}}}"),
+            ),
+        ),
+        _PanelSpec(
+            "SGLang: time to first token",
+            "TTFT quantiles from pooled bucket rates, and the mean.",
+            "s",
+            p.latency("time_to_first_token_seconds", engine="sglang"),
+        ),
+        _PanelSpec(
+            "SGLang: end-to-end request latency",
+            "E2E latency quantiles and mean.",
+            "s",
+            p.latency("e2e_request_latency_seconds", engine="sglang"),
+        ),
+    ]
