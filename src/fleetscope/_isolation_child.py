@@ -86,6 +86,7 @@ def light_view(view: FleetView) -> FleetView:
         time=r.time,
         inputs=[],
         events=list(r.events),
+        endpoint_info=dict(r.endpoint_info),  # the terminal's RL cells (rl_view.py)
     )
     return dataclasses.replace(view, keys=result.keys, result=result)
 

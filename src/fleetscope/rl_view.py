@@ -1,7 +1,8 @@
 """What the views (terminal, dashboards) show per endpoint about the RL loop: the engine kind
-(vLLM or SGLang, from the families the body declares: ``vllm:`` / ``sglang:``, Ray's
-``ray_vllm_`` / ``ray_sglang_`` too, docs/sglang.md), the weight version it serves (its latest
-``/weight_info`` answer), its lag behind the trainer, and whether it is paused or asleep."""
+(vLLM or SGLang: the source's ``ScrapeResult.engine_kind``, else the families the body
+declares, ``vllm:`` / ``sglang:`` and Ray's ``ray_vllm_`` / ``ray_sglang_``; docs/sglang.md),
+the weight version it serves (its latest ``/weight_info`` answer), its lag behind the trainer,
+and whether it is paused or asleep."""
 
 from __future__ import annotations
 
@@ -70,7 +71,9 @@ def endpoint_info(
     current = versions.current
     for sc in scrapes:
         ep = sc.endpoint
-        kind = _kind_of(sc.exposition.types) if sc.exposition is not None else None
+        kind = sc.engine_kind
+        if kind is None and sc.exposition is not None:
+            kind = _kind_of(sc.exposition.types)
         if kind is None and previous and ep in previous:
             kind = previous[ep].kind
         idx = versions.served_index(ep)
