@@ -37,10 +37,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_poll import Server, Ticker, ticker_idle  # noqa: E402
+from bench_poll import Server, Ticker, ticker_idle
 
-from fleetscope.exposition import MAX_BODY_BYTES  # noqa: E402
-from fleetscope.sources._http_client import (  # noqa: E402
+from fleetscope.exposition import MAX_BODY_BYTES
+from fleetscope.sources._http_client import (
     ACCEPT,
     TEXT_TYPES,
     ScrapeError,
@@ -48,7 +48,7 @@ from fleetscope.sources._http_client import (  # noqa: E402
     get_capped,
     new_client,
 )
-from fleetscope.sources._wire import WireClient  # noqa: E402
+from fleetscope.sources._wire import WireClient
 
 Fetch = Callable[[str], Awaitable[bytes]]
 HEADERS = {"Accept": ACCEPT}
@@ -132,8 +132,7 @@ async def run(args: argparse.Namespace) -> None:
     print(
         f"server process: {args.endpoints} endpoints on loopback, up in "
         f"{time.perf_counter() - t:.1f} s; {os.cpu_count()} CPUs; Python "
-        f"{sys.version.split()[0]}; load average "
-        + " ".join(f"{x:.1f}" for x in os.getloadavg())
+        f"{sys.version.split()[0]}; load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
     )
     makers = {"httpx": make_httpx, "aiohttp": make_aiohttp, "minimal": make_wire}
     clients: dict[str, tuple[Fetch, bool]] = {}
@@ -175,8 +174,9 @@ async def run(args: argparse.Namespace) -> None:
 
     n = len(metrics)
     print(
-        f"{args.runs} rounds per client after a warm-up, {n} fetches of ~{body_bytes / n / 1e3:.0f} "
-        f"kB each per round, concurrency {args.concurrency}; ticker alone {idle_cpu:.1%} of a CPU "
+        f"{args.runs} rounds per client after a warm-up, {n} fetches of "
+        f"~{body_bytes / n / 1e3:.0f} kB each per round, concurrency {args.concurrency}; "
+        f"ticker alone {idle_cpu:.1%} of a CPU "
         f"(subtracted), longest gap {idle_gap * 1e3:.1f} ms (noise floor); load average now "
         + " ".join(f"{x:.1f}" for x in os.getloadavg())
     )

@@ -125,27 +125,25 @@ class WireClient:
                 conn.writer.write(t.request)
                 try:
                     head = await conn.reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError as e:
-                    if reused and not e.partial and attempt == 0:
+                except (asyncio.IncompleteReadError, ConnectionError) as e:
+                    nothing = not isinstance(e, asyncio.IncompleteReadError) or not e.partial
+                    if reused and nothing and attempt == 0:
                         conn.close()  # closed while idle: once more, on a fresh connection
                         continue
-                    if not e.partial:
-                        raise ProtocolFailure("server closed the connection without a response")
-                    raise ProtocolFailure("connection closed inside the response head") from None
-                except asyncio.LimitOverrunError:
-                    raise ProtocolFailure("response head too large") from None
-                except ConnectionError as e:
-                    if reused and attempt == 0:
-                        conn.close()
-                        continue
-                    raise ProtocolFailure(f"connection lost: {e}") from e
+                    raise
                 status, headers_in, keep = _parse_head(head)
                 while 100 <= status < 200 and status != 101:  # interim responses
-                    head = await conn.reader.readuntil(b"\r\n\r\n")
-                    status, headers_in, keep = _parse_head(head)
+                    status, headers_in, keep = _parse_head(await conn.reader.readuntil(b"\r\n\r\n"))
                 body, keep = await _read_body(conn.reader, headers_in, keep, cap)
-            except BaseException:
+            except BaseException as e:
                 conn.close()
+                if isinstance(e, asyncio.IncompleteReadError):
+                    what = "inside the response head" if e.partial else "without a response"
+                    raise ProtocolFailure(f"server closed the connection {what}") from None
+                if isinstance(e, asyncio.LimitOverrunError):
+                    raise ProtocolFailure("response head too large") from None
+                if isinstance(e, ConnectionError):
+                    raise ProtocolFailure(f"connection lost: {e}") from e
                 raise
             if keep:
                 self._idle.setdefault(t.key, []).append(conn)
