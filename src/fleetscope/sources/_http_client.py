@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import ssl
 from collections.abc import Mapping
 from typing import Any
@@ -40,8 +41,18 @@ def new_clients(
 ) -> tuple[httpx.AsyncClient, WireClient]:
     """The side-request client and the scrape client, sharing one TLS context (blocking: loads
     the CA bundle; call it off the event loop)."""
-    ssl_context = httpx.create_ssl_context(verify=verify)
+    ssl_context = _ssl_context(verify)
     return new_client(headers, verify, timeout, ssl_context), WireClient(headers, ssl_context)
+
+
+def _ssl_context(verify: bool | str) -> ssl.SSLContext:
+    """httpx's context (certifi, ``SSL_CERT_FILE``); a CA path as httpx took it (a file or a
+    directory), without httpx 0.28's deprecation of ``verify=<str>``."""
+    if isinstance(verify, str):
+        if os.path.isdir(verify):
+            return ssl.create_default_context(capath=verify)
+        return ssl.create_default_context(cafile=verify)
+    return httpx.create_ssl_context(verify=verify)
 
 
 def new_client(
@@ -58,7 +69,7 @@ def new_client(
     )
     # the CA bundle is loaded once here and shared by every endpoint's pool
     if ssl_context is None:
-        ssl_context = httpx.create_ssl_context(verify=verify)
+        ssl_context = _ssl_context(verify)
     return httpx.AsyncClient(
         headers=dict(headers),
         transport=_PerOriginTransport(verify=ssl_context, limits=limits),

@@ -134,7 +134,10 @@ class WireClient:
                 status, headers_in, keep = _parse_head(head)
                 while 100 <= status < 200 and status != 101:  # interim responses
                     status, headers_in, keep = _parse_head(await conn.reader.readuntil(b"\r\n\r\n"))
-                body, keep = await _read_body(conn.reader, headers_in, keep, cap)
+                if status in (204, 304):  # never a body
+                    body = b""
+                else:
+                    body, keep = await _read_body(conn.reader, headers_in, keep, cap)
             except BaseException as e:
                 conn.close()
                 if isinstance(e, asyncio.IncompleteReadError):
