@@ -13,7 +13,14 @@ type and the size cap as production does. Keep-alive connections are reused acro
 * **aiohttp**: one ``ClientSession`` (``TCPConnector(limit=0)``), streamed capped read;
 * **minimal**: ``_wire.WireClient`` via ``_http_client.fetch_metrics`` (the scrape path now);
 * **minimal+wait_for**: the same, bounded by ``asyncio.wait_for`` (a task per request on
-  Python 3.11) instead of ``asyncio.timeout``: what the deadline itself costs.
+  Python 3.11) instead of ``asyncio.timeout``: what the deadline itself costs;
+* **floor (blocking)**: not a client: one blocking socket per endpoint, requests one after
+  another without an event loop (the loop is stalled for the whole round): what the kernel's
+  loopback TCP and the least Python cost.
+
+The simulator does not compress; vLLM (prometheus_client) gzips ``/metrics`` when asked, as
+httpx and the minimal client ask. The cost of that is printed at the end: inflating one body
+here (the trainer's CPU) and compressing it at prometheus_client's level (the server's).
 
 Reported, medians over ``--runs`` rounds: wall per round, CPU per fetch (``time.process_time``,
 all threads, minus the ticker's idle cost), the longest event-loop stall (a 1 ms ticker), and
@@ -27,11 +34,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import os
+import socket
 import statistics
 import sys
 import tempfile
 import time
+import timeit
+import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -101,6 +112,33 @@ async def make_wire() -> tuple[Fetch, Callable[[], Awaitable[None]]]:
     return fetch, wire.aclose
 
 
+async def make_floor(urls: list[str]) -> tuple[Fetch, Callable[[], Awaitable[None]]]:
+    socks: dict[str, tuple[socket.socket, bytes]] = {}
+    for url in urls:
+        host, port = url.split("/")[2].split(":")
+        sock = socket.create_connection((host, int(port)))
+        request = f"GET /metrics HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: {ACCEPT}\r\n\r\n"
+        socks[url] = (sock, request.encode())
+
+    async def fetch(url: str) -> bytes:  # blocks the loop: a floor, not a client
+        sock, request = socks[url]
+        sock.sendall(request)
+        buf = bytearray()
+        while (end := buf.find(b"\r\n\r\n")) < 0:
+            buf += sock.recv(262144)
+        head = bytes(buf[:end]).lower()
+        n = int(head.split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(buf) < end + 4 + n:
+            buf += sock.recv(262144)
+        return bytes(buf[end + 4 :])
+
+    async def close() -> None:
+        for sock, _ in socks.values():
+            sock.close()
+
+    return fetch, close
+
+
 async def one_round(
     fetch: Fetch, urls: list[str], concurrency: int, wait_for: bool
 ) -> tuple[int, int]:
@@ -142,15 +180,20 @@ async def run(args: argparse.Namespace) -> None:
         clients[name] = (fetch, False)
         closers.append(close)
     clients["minimal+wait_for"] = (clients["minimal"][0], True)
+    fetch, close = await make_floor(metrics)
+    clients["floor (blocking)"] = (fetch, False)
+    closers.append(close)
     ticker = Ticker()
     ticker.start()
     rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in clients}
     body_bytes = 0
+    sample = b""
     try:
         idle_cpu, idle_gap = await ticker_idle(ticker)
         for name, (fetch, wait_for) in clients.items():  # warm-up: open the connections
             ok, body_bytes = await one_round(fetch, metrics, args.concurrency, wait_for)
             assert ok == len(metrics), f"{name}: {ok} of {len(metrics)} fetched"
+        sample = await clients["minimal"][0](metrics[0])
         names = list(clients)
         for i in range(args.runs):
             order = names[i % len(names) :] + names[: i % len(names)]
@@ -196,6 +239,16 @@ async def run(args: argparse.Namespace) -> None:
         )
     for name, rs in rows.items():
         print(f"  {name}: CPU/fetch per round " + ", ".join(f"{r[1] * 1e3:.3f}" for r in rs))
+    packed = gzip.compress(sample)  # prometheus_client's compression (level 9)
+    k = 200
+    inflate = timeit.timeit(lambda: zlib.decompressobj(wbits=31).decompress(packed), number=k)
+    deflate = timeit.timeit(lambda: gzip.compress(sample), number=k // 10)
+    print(
+        f"gzip (real vLLM, not the simulator): a {len(sample) / 1e3:.0f} kB body is "
+        f"{len(packed) / 1e3:.1f} kB compressed; inflating it costs the client "
+        f"{inflate / k * 1e3:.3f} ms, compressing it costs the server "
+        f"{deflate / (k // 10) * 1e3:.2f} ms"
+    )
 
 
 def main() -> None:
