@@ -352,6 +352,18 @@ async def test_an_idle_connection_already_closed_is_not_written_to() -> None:
         assert s.connections == 2
 
 
+async def test_an_idle_connection_past_its_expiry_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import fleetscope.sources._wire as wire
+
+    async with Script(keep_alive(lambda n: ok())) as s, client() as c:
+        await c.get(s.url, cap=1000)
+        monkeypatch.setattr(wire, "IDLE_EXPIRY", -1.0)
+        await c.get(s.url, cap=1000)
+        assert s.connections == 2
+
+
 async def test_no_retry_when_something_was_received_or_the_connection_was_fresh() -> None:
     async def partial(reader: Reader, writer: Writer, conn: int) -> None:
         await reader.readuntil(b"\r\n\r\n")

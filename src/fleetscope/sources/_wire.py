@@ -1,10 +1,10 @@
 """A minimal HTTP/1.1 GET client on asyncio streams, for the ``/metrics`` hot path only.
 
 Why: a scrape of one engine must cost the trainer ~0.1 ms of CPU besides the parse
-(issue 12). ``benchmarks/bench_http.py`` fetches 256 simulated endpoints' bodies over warm
-keep-alive connections: httpx costs ~1 ms of CPU per fetch, aiohttp ~0.25 ms, this client
-~0.1 ms (figures and the table in docs/sources.md). Side requests (roles, model info,
-versions) stay on httpx: they are rare.
+(issue 12). ``benchmarks/bench_http.py`` fetches 256 simulated endpoints' 53 kB bodies over warm
+keep-alive connections: httpx costs ~1.4 ms of CPU per fetch, aiohttp ~0.27 ms, this client
+~0.13 ms, blocking sockets without an event loop ~0.07-0.1 ms (the table is in
+docs/sources.md). Side requests (roles, model info, versions) stay on httpx: they are rare.
 
 What it does: ``GET`` with the caller's headers (``Host``, ``Accept-Encoding: gzip``, basic
 auth from userinfo in the URL); one idle keep-alive connection kept per origin (scheme, host,
@@ -36,6 +36,7 @@ HEAD_LIMIT = 64 * 1024  # status line + headers
 STREAM_LIMIT = 1024 * 1024  # StreamReader buffer: a typical body arrives without pausing
 READ_SIZE = 256 * 1024
 IDLE_PER_ORIGIN = 4
+IDLE_EXPIRY = 300.0  # seconds, as httpx's keepalive_expiry was: a NAT may have dropped it
 USER_AGENT = "fleetscope"
 
 
@@ -76,15 +77,18 @@ class _Target:
 
 
 class _Conn:
-    __slots__ = ("loop", "reader", "writer")
+    __slots__ = ("idle_since", "loop", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
         self.loop = asyncio.get_running_loop()
+        self.idle_since = 0.0
 
     def usable(self) -> bool:
+        loop = asyncio.get_running_loop()
         return (
-            self.loop is asyncio.get_running_loop()
+            self.loop is loop
+            and loop.time() - self.idle_since < IDLE_EXPIRY
             and not self.writer.transport.is_closing()
             and not self.reader.at_eof()
         )
@@ -149,6 +153,7 @@ class WireClient:
                     raise ProtocolFailure(f"connection lost: {e}") from e
                 raise
             if keep:
+                conn.idle_since = conn.loop.time()
                 self._idle.setdefault(t.key, []).append(conn)
                 if len(self._idle[t.key]) > IDLE_PER_ORIGIN:
                     self._idle[t.key].pop(0).close()
