@@ -12,7 +12,6 @@ import asyncio
 import json
 import math
 
-import httpx
 import numpy as np
 import pytest
 
@@ -251,16 +250,16 @@ def test_http_source_passes_engine_roles_and_explicit_role_wins():
 
     text = body("pd_prefill_after.prom")
 
-    def handler(request):
-        return httpx.Response(200, text=text)
+    class Source(HttpSource):
+        async def _fetch(self, ep):
+            return text.encode()
 
     async def run(role):
-        src = HttpSource([Endpoint("http://p:1", "p", role=role)], discover_roles=False)
-        src._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        src = Source([Endpoint("http://p:1", "p", role=role)], discover_roles=False)
         try:
             return await src.scrape_one(src.endpoints[0])
         finally:
-            await src._client.aclose()
+            await src.aclose()
 
     r = asyncio.run(run(None))
     assert r.ok and r.engine_roles == {"0": "prefill"}

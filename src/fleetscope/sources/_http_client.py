@@ -1,15 +1,29 @@
-"""HTTP plumbing for the HTTP source: one warm connection pool per endpoint, capped reads, a
-total deadline on every request, and failures described in one line."""
+"""HTTP plumbing for the HTTP source: one warm connection per endpoint, capped reads, a total
+deadline on every request, and failures described in one line.
+
+``/metrics`` scrapes (the hot path) go through :mod:`fleetscope.sources._wire`, a minimal
+HTTP/1.1 client (~10x less CPU per fetch than httpx: docs/sources.md); side requests (roles,
+model info, versions) through httpx. Both share one TLS context, built off the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
 import httpcore  # noqa: F401  (httpx imports it at its first transport: ~1 s on the loop)
 import httpx
+
+from fleetscope.sources._wire import (
+    BodyTooLarge,
+    ConnectFailed,
+    ProtocolFailure,
+    Refused,
+    WireClient,
+)
 
 ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 # content types a Prometheus exposition can come with; anything else is a wrong endpoint
@@ -22,7 +36,31 @@ class ScrapeError(Exception):
     """A response that is not an exposition (status, content type, size)."""
 
 
-def new_client(headers: Mapping[str, str], verify: bool | str, timeout: float) -> httpx.AsyncClient:
+def new_clients(
+    headers: Mapping[str, str], verify: bool | str, timeout: float
+) -> tuple[httpx.AsyncClient, WireClient]:
+    """The side-request client and the scrape client, sharing one TLS context (blocking: loads
+    the CA bundle; call it off the event loop)."""
+    ssl_context = _ssl_context(verify)
+    return new_client(headers, verify, timeout, ssl_context), WireClient(headers, ssl_context)
+
+
+def _ssl_context(verify: bool | str) -> ssl.SSLContext:
+    """httpx's context (certifi, ``SSL_CERT_FILE``); a CA path as httpx took it (a file or a
+    directory), without httpx 0.28's deprecation of ``verify=<str>``."""
+    if isinstance(verify, str):
+        if os.path.isdir(verify):
+            return ssl.create_default_context(capath=verify)
+        return ssl.create_default_context(cafile=verify)
+    return httpx.create_ssl_context(verify=verify)
+
+
+def new_client(
+    headers: Mapping[str, str],
+    verify: bool | str,
+    timeout: float,
+    ssl_context: ssl.SSLContext | None = None,
+) -> httpx.AsyncClient:
     """A client whose transport keeps one pool (and one warm connection) per endpoint."""
     # concurrency is bounded by the source's semaphore; each endpoint keeps one warm connection
     # so a big fleet does not reconnect (TCP + HTTP setup) every poll
@@ -30,7 +68,8 @@ def new_client(headers: Mapping[str, str], verify: bool | str, timeout: float) -
         max_connections=None, max_keepalive_connections=None, keepalive_expiry=300
     )
     # the CA bundle is loaded once here and shared by every endpoint's pool
-    ssl_context = httpx.create_ssl_context(verify=verify)
+    if ssl_context is None:
+        ssl_context = _ssl_context(verify)
     return httpx.AsyncClient(
         headers=dict(headers),
         transport=_PerOriginTransport(verify=ssl_context, limits=limits),
@@ -58,6 +97,22 @@ async def read_capped(r: httpx.Response, cap: int, *, text_only: bool) -> bytes:
             raise ScrapeError(f"body exceeds the {cap} byte cap")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def fetch_metrics(
+    wire: WireClient, url: str, *, headers: Mapping[str, str], cap: int
+) -> bytes:
+    """GET an exposition over the scrape client: 200, a text content type, <= ``cap`` bytes."""
+    try:
+        r = await wire.get(url, headers, cap=cap)
+    except BodyTooLarge as e:
+        raise ScrapeError(str(e)) from None
+    if r.status != 200:
+        raise ScrapeError(f"HTTP {r.status}")
+    ctype = r.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype and ctype not in TEXT_TYPES:
+        raise ScrapeError(f"wrong content type {ctype!r}")
+    return r.body
 
 
 async def get_capped(
@@ -101,9 +156,11 @@ def describe(e: BaseException, timeout: float) -> str:
     """One line saying why a request failed."""
     if isinstance(e, asyncio.TimeoutError | httpx.TimeoutException):
         return f"timed out after {timeout:g} s"
-    if isinstance(e, httpx.ConnectError):
+    if isinstance(e, Refused):
+        return "connection refused"
+    if isinstance(e, httpx.ConnectError | ConnectFailed):
         return f"connection failed ({e})" if str(e) else "connection refused"
-    if isinstance(e, httpx.RemoteProtocolError):
+    if isinstance(e, httpx.RemoteProtocolError | ProtocolFailure):
         return f"truncated or malformed response ({e})"
     if isinstance(e, ScrapeError):
         return str(e)
@@ -112,7 +169,8 @@ def describe(e: BaseException, timeout: float) -> str:
 
 def is_refusal(e: BaseException) -> bool:
     """Whether nothing listened (the process was down, or restarting)."""
-    return isinstance(e, httpx.ConnectError | ConnectionRefusedError)
+    # as with httpx's ConnectError: any failure to connect (refused, DNS, TLS)
+    return isinstance(e, httpx.ConnectError | ConnectFailed | ConnectionRefusedError)
 
 
 class _PerOriginTransport(httpx.AsyncBaseTransport):

@@ -32,11 +32,12 @@ from fleetscope.identity import Role
 from fleetscope.sources._http_client import (
     ACCEPT,
     ScrapeError,
+    WireClient,
     describe,
-    get_capped,
+    fetch_metrics,
     get_json,
     is_refusal,
-    new_client,
+    new_clients,
 )
 from fleetscope.sources._membership import Endpoint, EndpointSet, Members, name_endpoints
 from fleetscope.sources._server_version import ServerVersions
@@ -89,7 +90,8 @@ class HttpSource(Members):
         self._headers = {"Accept": ACCEPT, **(headers or {})}
         self._verify = verify
         self._sem = asyncio.Semaphore(max_concurrency)
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # side requests
+        self._wire: WireClient | None = None  # /metrics scrapes (the hot path)
         self._client_lock = asyncio.Lock()
         self._parsers: dict[str, Parser] = {}
         self._pool = ThreadPoolExecutor(parse_workers, thread_name_prefix="fleetscope-parse")
@@ -108,9 +110,14 @@ class HttpSource(Members):
     # ------------------------------------------------------------------ membership
 
     def _apply_changes(self) -> None:
+        before = self.members.endpoints
         add, remove = self.members.apply()
         for name in remove:
             self._forget(name)
+        if remove and self._wire is not None:  # close their idle connections
+            for e in before:
+                if e.name in remove:
+                    self._wire.forget(e.metrics_url)
         for e in add:
             self._joined.add(e.name)
             self._side[e.name] = self._new_side(e)
@@ -139,9 +146,10 @@ class HttpSource(Members):
         async with self._client_lock:
             if self._client is None:
                 loop = asyncio.get_running_loop()
-                self._client = await loop.run_in_executor(
-                    None, new_client, self._headers, self._verify, self.timeout
+                self._client, self._wire = await loop.run_in_executor(
+                    None, new_clients, self._headers, self._verify, self.timeout
                 )
+            assert self._client is not None
         return self._client
 
     async def aclose(self) -> None:
@@ -152,6 +160,9 @@ class HttpSource(Members):
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._wire is not None:
+            await self._wire.aclose()
+            self._wire = None
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def warn(self, endpoint: str, kind: str, message: str) -> None:
@@ -191,11 +202,13 @@ class HttpSource(Members):
         return list(await asyncio.gather(*(self.scrape_one(e) for e in endpoints)))
 
     async def scrape_one(self, ep: Endpoint) -> ScrapeResult:
-        await self._ensure_client()  # once, before (not inside) the endpoint's deadline
+        if self._client is None:
+            await self._ensure_client()  # once, before (not inside) the endpoint's deadline
         async with self._sem:
             t0 = time.monotonic()
             try:
-                body = await asyncio.wait_for(self._fetch(ep), timeout=self.timeout)
+                async with asyncio.timeout(self.timeout):  # no task per request (wait_for)
+                    body = await self._fetch(ep)
             except Exception as e:
                 if is_refusal(e):
                     self._refused.add(ep.name)
@@ -254,8 +267,12 @@ class HttpSource(Members):
         )
 
     async def _fetch(self, ep: Endpoint) -> bytes:
-        client = await self._ensure_client()
-        return await get_capped(client, ep.metrics_url, headers=ep.headers, cap=self.max_body_bytes)
+        if self._wire is None:
+            await self._ensure_client()
+            assert self._wire is not None
+        return await fetch_metrics(
+            self._wire, ep.metrics_url, headers=ep.headers, cap=self.max_body_bytes
+        )
 
     # ------------------------------------------------------------------ side requests
 
