@@ -157,7 +157,8 @@ class ChildServer:
             return c.state_dict()
         if kind == "load_state_dict":
             c.load_state_dict(args[0])
-            return (sorted(c.windows.active), sorted(c.windows.paused), self._state())
+            windows = (sorted(c.windows.active), sorted(c.windows.paused))
+            return (*windows, c.policy_version, self._state())
         raise ValueError(f"unknown command {kind!r}")
 
 

@@ -402,8 +402,9 @@ class IsolatedCollector(Collector):
         return cast(dict[str, Any], self._ask_blocking("state_dict"))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        active, paused, blob = self._ask_blocking("load_state_dict", dict(state))
+        active, paused, policy, blob = self._ask_blocking("load_state_dict", dict(state))
         self.link.keep_state(blob)
+        self.link.policy = policy
         self._ledger.active, self._ledger.paused = set(active), set(paused)
 
     def _collector_keys(self) -> dict[str, float]:

@@ -418,7 +418,7 @@ async def test_versions_and_sync_totals_survive_a_checkpoint() -> None:
         view = await step_and_poll(r, c2)
         after = c2.summary()
         await c2.stop()
-    assert c2.versions.policy_version == "v1"
+    assert c2.policy_version == "v1"
     assert view.keys["inference/rl/engines_stale"] == 1  # server2 asked afresh: still on v0
     more = view.keys["inference/rl/stale_generation_tokens"]
     key = "inference_summary/combined/rl/stale_generation_tokens"
