@@ -23,6 +23,7 @@ from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sources.http import Endpoint
 from fleetscope.windows import WindowError
+from support.simclock import ahead_fleet
 
 # metric as fleetscope names it -> (simulator family, label values)
 COUNTERS: dict[str, tuple[str, ...]] = {
@@ -93,8 +94,10 @@ def scrape_times(c: Collector) -> dict[str, float]:
 @asynccontextmanager
 async def rig(seed: int = 3) -> AsyncIterator[Rig]:
     """Four API servers: plain (single-process exposition), prefill (dp=2, multiprocess),
-    two decode servers (dp=2 multiprocess and dp=1 single), engines already busy."""
-    fleet = SimFleet(seed=seed)
+    two decode servers (dp=2 multiprocess and dp=1 single), engines already busy. The fleet's
+    clock stays ahead of ours: a server a test restarts after a scrape is dated after it,
+    however slow the polls (or the collector's child process start) were."""
+    fleet = ahead_fleet(seed=seed)
     fleet.add_endpoint(role=None, dp=1)
     fleet.add_endpoint(role="prefill", dp=2)
     fleet.add_endpoint(role="decode", dp=2)
