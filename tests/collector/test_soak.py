@@ -31,6 +31,7 @@ from fleetscope.collector import Collector
 from fleetscope.identity import EngineId
 from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sources.http import Endpoint
+from support.simclock import keep_clock_ahead
 
 FAMILIES = (
     "vllm:generation_tokens_total",
@@ -239,6 +240,8 @@ class Soak:
         return [*self.active, f"run:{self.run_label}"]
 
     def step(self, dt: float = 1.0) -> None:
+        # dated after every scrape so far, even if the polls were slower than the steps
+        keep_clock_ahead(self.fleet)
         self.fleet.step(dt)
         self.hostile.tick()
 
@@ -274,10 +277,11 @@ class Soak:
 
 
 async def run_soak() -> tuple[Soak, dict, list[int], list[int]]:
-    # the simulated wall clock starts now and runs 1 s per poll, ahead of the real one: a
-    # process (re)started by the test shows a start time after our previous poll, which is the
-    # collector's evidence of a late start (fleet.py: ``start > previous poll + clock skew``);
-    # a restarted process' observed life (wall - start, clamped at 0) is then 0: coverage < 1
+    # the simulated wall clock runs 1 s per poll and is kept ahead of the real one (every
+    # step, however slow the polls: support/simclock.py): a process (re)started by the test
+    # shows a start time after our previous poll, which is the collector's evidence of a late
+    # start (fleet.py: ``start > previous poll + clock skew``); a restarted process' observed
+    # life (wall - start, clamped at 0) is then 0: coverage < 1
     fleet = SimFleet(seed=11, wall_start=time.time(), record_observations=False)
     fleet.add_endpoint(role=None, dp=1)  # server0: single-process, whole-server restart
     fleet.add_endpoint(role="prefill", dp=2)  # prefill0: multiprocess, one engine restarts
@@ -351,6 +355,7 @@ async def run_soak() -> tuple[Soak, dict, list[int], list[int]]:
             for e in late.engines:
                 oracle.sources[e.engine_id] = lambda e=e: {f: e.truth.counter(f) for f in FAMILIES}
             await s.tick(4)
+            keep_clock_ahead(fleet)  # dated after our last poll, however long it took
             late.restart()  # its process starts now, after it joined: counted from 0
             for e in late.engines:
                 oracle.restart(e.engine_id)
@@ -369,6 +374,7 @@ async def run_soak() -> tuple[Soak, dict, list[int], list[int]]:
             await s.boundary("start", "train", "train#2")
             await s.tick(5)
             tracemalloc.start()
+            keep_clock_ahead(fleet)
             fleet.endpoint("server0").restart()  # single-process: process start moves
             oracle.restart("server0.0")
             await s.tick(5)
@@ -402,6 +408,7 @@ async def run_soak() -> tuple[Soak, dict, list[int], list[int]]:
             await s.boundary("start", "eval", "eval#2")
             await s.tick(5)
             s.step(0.5)  # never exported to anyone
+            keep_clock_ahead(fleet)  # the restart is dated after our last scrape
             fleet.endpoint("decode1").restart()
             oracle.restart("decode1.0")
             await s.tick(8)
@@ -514,7 +521,9 @@ async def test_soak_coverage_is_below_one_exactly_where_counts_were_unobservable
     assert k["train#1"]["inference/train/coverage"] == 1.0
     assert k["train#1"]["inference/train/failed_scrapes"] == 1
     assert k["eval#3"]["inference/eval/coverage"] == 1.0
-    # the kill -9 (eval#2): decode1's old process counted after its last scrape
+    # the kill -9 (eval#2): decode1's old process counted after its last scrape (the oracle
+    # saw those counts lost), and its new process' start time says it started after that scrape
+    assert s.oracle.unseen["decode1.0"] > 0
     assert k["eval#2"]["inference/eval/coverage"] < 1.0
     assert k["eval#2"]["inference/eval/restarts_unseen_tail"] >= 1
     # per engine
@@ -595,6 +604,7 @@ async def test_late_single_process_server_in_a_window_minimal() -> None:
             c.add_endpoints(Endpoint(url, name="late"))
             fleet.step(1.0)
             await c.poll()  # 503
+            keep_clock_ahead(fleet)  # dated after that poll, however long it took
             late.restart()  # its process starts after it joined
             late.clear_faults()
             fleet.step(1.0)

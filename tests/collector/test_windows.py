@@ -23,6 +23,7 @@ from fleetscope.simulate import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sources.http import Endpoint
 from fleetscope.windows import WindowError
+from support.simclock import ahead_fleet
 
 # metric as fleetscope names it -> (simulator family, label values)
 COUNTERS: dict[str, tuple[str, ...]] = {
@@ -65,7 +66,9 @@ class Rig:
 
     def collector(self, **kw) -> Collector:
         kw.setdefault("interval", 3600)  # polls only when the test asks
-        kw.setdefault("timeout", 2.0)
+        # no test here is about timeouts: a healthy endpoint must answer however loaded the
+        # machine is (a slow answer only moves the scrape times the assertions read)
+        kw.setdefault("timeout", 30.0)
         kw.setdefault("fetch_model_info", False)
         kw.setdefault("verify", False)  # plain HTTP: skip loading the CA bundle
         return Collector(self.endpoints, **kw)
@@ -91,8 +94,10 @@ def scrape_times(c: Collector) -> dict[str, float]:
 @asynccontextmanager
 async def rig(seed: int = 3) -> AsyncIterator[Rig]:
     """Four API servers: plain (single-process exposition), prefill (dp=2, multiprocess),
-    two decode servers (dp=2 multiprocess and dp=1 single), engines already busy."""
-    fleet = SimFleet(seed=seed)
+    two decode servers (dp=2 multiprocess and dp=1 single), engines already busy. The fleet's
+    clock stays ahead of ours: a server a test restarts after a scrape is dated after it,
+    however slow the polls (or the collector's child process start) were."""
+    fleet = ahead_fleet(seed=seed)
     fleet.add_endpoint(role=None, dp=1)
     fleet.add_endpoint(role="prefill", dp=2)
     fleet.add_endpoint(role="decode", dp=2)
@@ -263,11 +268,14 @@ async def test_failed_scrape_at_window_end_lowers_coverage_and_moves_delta_to_id
         await c.poll()
         c0 = r.truth_all()
         train = c.window("train")
+        started = time.monotonic()  # before the start boundary's scrapes
         await train.astart()
         t0, s0 = r.truth_all(), scrape_times(c)
         await step_and_poll(r, c, n=2, pause=0.05)
         d_seen, s_seen = r.truth(endpoint="decode0"), scrape_times(c)
-        await asyncio.sleep(0.4)  # a long last interval: what decode0 loses is visible
+        # a long last interval, 3x what decode0 has been covered so far (however slow the
+        # polls were): what decode0 loses is visible, at least 3/4 of its window
+        await asyncio.sleep(max(0.4, 3 * (time.monotonic() - started)))
         r.fleet.step(1.0)
         r.fleet.endpoint("decode0").set_http_error(503)
         keys = await train.astop()
@@ -292,7 +300,8 @@ async def test_failed_scrape_at_window_end_lowers_coverage_and_moves_delta_to_id
     stop = {**s1, "decode0": stop_time}  # it did not answer: the boundary poll's time
     want = r.expected_coverage(s0, {**s1, "decode0": s_seen["decode0"]}, stop)
     assert keys["inference/train/coverage"] == pytest.approx(want, rel=1e-9)
-    assert keys["inference/train/coverage"] < 0.9  # the last ~0.4 s of ~0.5 s
+    # decode0 (2 of 6 engines) covered for at most 1/4 of its window: 4/6 + 2/6 * 1/4
+    assert keys["inference/train/coverage"] <= 0.75 + 1e-9
     # nothing is lost from the run: idle has the rest, combined is exact
     for scope in SCOPES:
         s = "inference_summary"
