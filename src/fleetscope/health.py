@@ -39,6 +39,7 @@ CONDITIONS: tuple[str, ...] = (
     "engine_outlier",
     "scrape_failed",
     "stale_version",
+    "engine_paused",
 )
 
 
@@ -69,6 +70,7 @@ class HealthThresholds:
     stall_seconds: float = 30.0  # no token for this long while requests run (a 100k-token
     # prefill alone can take tens of seconds, and it counts no generated token until it ends)
     stale_seconds: float = 60.0  # on an older policy version this long after a newer one
+    paused_seconds: float = 60.0  # paused or asleep this long while no weight sync is open
 
 
 @dataclass(frozen=True, slots=True)

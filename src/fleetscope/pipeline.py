@@ -42,6 +42,7 @@ class PollPipeline:
         )
         self.windows = WindowSet()
         self.health = HealthMonitor(config.health_thresholds)
+        self._paused_seconds = config.health_thresholds.paused_seconds
         self.prefix = key_prefix(config.key_options)
         self.lock = threading.RLock()
         # RL: the trainer's policy versions, what endpoints serve, weight syncs
@@ -92,6 +93,9 @@ class PollPipeline:
                 )
             )
             result.events.extend(vevents)
+            result.events.extend(
+                self.states.events(self._paused_seconds, syncing=self.syncs.open_count > 0)
+            )
             result.keys.update(health_keys(result.events, self.prefix))
             self._info = endpoint_info(scrapes, self.versions, self.states, self._info)
             result.endpoint_info = self._info

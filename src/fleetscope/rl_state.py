@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from fleetscope._route_probe import RouteProbe, bool_field
+from fleetscope.health import HealthEvent
 from fleetscope.identity import endpoint_of
 from fleetscope.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.stats.reduce import EngineInput
@@ -86,6 +87,7 @@ class EngineStates:
         self._held: dict[str, list[float]] = {}
         #: endpoint -> {"paused": bool | None, "engines_asleep": int, "engines": int} (last poll)
         self.last: dict[str, dict[str, Any]] = {}
+        self._streak: dict[str, float] = {}  # engine -> seconds paused or asleep in a row
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ probes
@@ -111,6 +113,7 @@ class EngineStates:
     def forget_endpoint(self, endpoint: str) -> None:
         self.paused.forget(endpoint)
         self.sleeping.forget(endpoint)
+        self.forget_engine_streaks(endpoint)
         with self._lock:
             self.last.pop(endpoint, None)
 
@@ -147,6 +150,10 @@ class EngineStates:
                 if paused is None and asleep is None:
                     continue
                 secs = 0.0 if inp.delta.baseline_only else max(0.0, float(inp.delta.seconds))
+                if paused or asleep:
+                    self._streak[inp.engine_id] = self._streak.get(inp.engine_id, 0.0) + secs
+                else:
+                    self._streak.pop(inp.engine_id, None)
                 row = [
                     secs if paused else 0.0,
                     secs if asleep else 0.0,
@@ -186,6 +193,28 @@ class EngineStates:
                     if k_asleep:
                         keys[base + "sleeping_engine_seconds"] = s[1]
             return keys
+
+    def events(self, threshold: float, *, syncing: bool) -> list[HealthEvent]:
+        """``engine_paused``: an engine paused or asleep ``threshold`` seconds in a row while no
+        weight sync is open, i.e. while the trainer thinks it is generating."""
+        if syncing:
+            return []
+        with self._lock:
+            long = sorted((e, s) for e, s in self._streak.items() if s >= threshold)
+        return [
+            HealthEvent(
+                "engine_paused",
+                eid,
+                secs,
+                f"{eid}: paused or asleep for {secs:.0f} s while no weight sync is open",
+            )
+            for eid, secs in long
+        ]
+
+    def forget_engine_streaks(self, endpoint: str) -> None:
+        with self._lock:
+            for e in [e for e in self._streak if endpoint_of(e) == endpoint]:
+                del self._streak[e]
 
     # ------------------------------------------------------------------ windows and summary
 

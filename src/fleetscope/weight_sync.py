@@ -144,6 +144,11 @@ class WeightSyncs:
         self._restored_open = []
         return keys
 
+    @property
+    def open_count(self) -> int:
+        """Weight syncs entered and not yet exited."""
+        return len(self._open)
+
     def enter(self, token: int, version: str, now: float) -> None:
         with self._lock:
             self._open[token] = _OpenSync(version, now)

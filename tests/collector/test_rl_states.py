@@ -185,3 +185,33 @@ def test_sleep_gauge_reading_on_real_vllm_bodies() -> None:
     awake = Parser().parse((root / "34_sleep_l1_after_wake.prom").read_text(), time=0.0)
     assert asleep_from_gauge(asleep["0"]) is True
     assert asleep_from_gauge(awake["0"]) is False
+
+
+async def test_an_engine_paused_too_long_outside_a_sync_is_a_health_condition() -> None:
+    from fleetscope.health import HealthThresholds
+
+    # every paused interval is a few real milliseconds here: a tiny threshold stands for 60 s
+    async with rig(rl_probes=True, health_thresholds=HealthThresholds(paused_seconds=1e-3)) as (
+        fleet,
+        server,
+        c,
+    ):
+        truth = Truth()
+        await step_and_poll(fleet, c, truth)
+        view, _ = await step_and_poll(fleet, c, truth)
+        assert view.keys["inference/health/engine_paused"] == 0
+        async with httpx.AsyncClient() as h:
+            assert (await h.post(server.url("server1") + "/pause")).status_code == 200
+        await step_and_poll(fleet, c, truth)  # the pause is seen: its interval counts
+        view, _ = await step_and_poll(fleet, c, truth)
+        named = sorted(e.subject for e in view.result.events if e.condition == "engine_paused")
+        assert named == ["server1.0", "server1.1"]  # both engines of the paused endpoint only
+        assert view.keys["inference/health/engine_paused"] == 2
+        async with c.weight_sync("v1"):  # the trainer paused it on purpose: not a condition
+            view, _ = await step_and_poll(fleet, c, truth)
+            assert not [e for e in view.result.events if e.condition == "engine_paused"]
+        async with httpx.AsyncClient() as h:
+            await h.post(server.url("server1") + "/resume")
+        await step_and_poll(fleet, c, truth)
+        view, _ = await step_and_poll(fleet, c, truth)
+        assert view.keys["inference/health/engine_paused"] == 0
