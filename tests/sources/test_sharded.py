@@ -365,9 +365,10 @@ def test_sharded_collector_matches_one_collector(ray_cluster):
 
 async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
     collectors: dict[str, Collector] = {
-        "one": Collector(eps, interval=5.0),
-        "shards2": ShardedCollector(eps, shards=2, interval=5.0),
-        "shards4": ShardedCollector(eps, shards=4, interval=5.0),
+        # a scrape deadline no loaded machine reaches: the test compares, it does not time out
+        "one": Collector(eps, interval=5.0, timeout=30.0),
+        "shards2": ShardedCollector(eps, shards=2, interval=5.0, timeout=30.0),
+        "shards4": ShardedCollector(eps, shards=4, interval=5.0, timeout=30.0),
     }
     assert [e.name for e in collectors["one"].endpoints][-2:] == ["server0", FAILING]
     assert all(e.role is None for e in eps)
@@ -375,6 +376,15 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
     truth0 = fleet.truth_total("vllm:generation_tokens_total")
     totals = dict.fromkeys(collectors, 0.0)
     try:
+        # every collector discovers the roles (side requests beside the first polls, retried
+        # with backoff if a loaded machine made one miss its deadline) before they are compared
+        want_roles = {ep.name: ep.role for ep in fleet.endpoints}
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and any(
+            {e.name: e.role for e in c.endpoints} != want_roles for c in collectors.values()
+        ):
+            await _poll_all(collectors)
+            await asyncio.sleep(0.5)
         history = []
         for step in range(3):  # baselines; FAILING answers HTTP 500; it is back
             if step:
