@@ -161,6 +161,7 @@ class PollPipeline:
                 "restarts": [[e.to_json(), n] for e, n in self.state.restarts.items()],
                 "scrape_failures_total": dict(self.state.scrape_failures_total),
                 "step": self.state.step,
+                "servers": {name: list(kv) for name, kv in self.servers.items()},
                 "rl": {
                     "versions": self.versions.state_dict(),
                     "syncs": self.syncs.state_dict(),
@@ -177,6 +178,8 @@ class PollPipeline:
                 self.state.restarts[EngineId.from_json(e)] = int(n)
             self.state.scrape_failures_total.update(state.get("scrape_failures_total", {}))
             self.state.step = max(self.state.step, int(state.get("step", 0)))
+            for name, (kind, version) in state.get("servers", {}).items():
+                self.servers.setdefault(name, (kind, version))
             rl = state.get("rl")
             if rl:
                 self.versions.load_state_dict(rl["versions"])
