@@ -104,6 +104,16 @@ async def rl_scenario(urls: dict[str, str], prom: Any, out_dir: Path) -> RLRun:
             run.views.append((phase, view))
             return view
 
+        async def poll_until(ready: Any, what: str, seconds: float = 120.0) -> None:
+            """Poll ("settle") until the collector has seen what the test just did: a probe that
+            missed its deadline on a loaded machine backs off 30 s, and its answer is unknown
+            (counted nowhere) meanwhile."""
+            deadline = time.monotonic() + seconds
+            while not ready(await poll("settle")):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the collector never saw {what}")
+                await asyncio.sleep(1.0)
+
         proc = None
         try:
             await poll("baseline")
@@ -129,6 +139,7 @@ async def rl_scenario(urls: dict[str, str], prom: Any, out_dir: Path) -> RLRun:
                 await asyncio.sleep(0.25)
             await poll("before_pause")
             await call("server0", "POST", "/pause?mode=keep")
+            await poll_until(lambda v: v.result.endpoint_info["server0"].paused, "the pause")
             for _ in range(PAUSE_POLLS):
                 await asyncio.sleep(1.0)
                 await poll("paused")
@@ -148,6 +159,10 @@ async def rl_scenario(urls: dict[str, str], prom: Any, out_dir: Path) -> RLRun:
             run.syncs["step-1"] = s1.keys
             run.views.append(("sync1_exit", c.last))
             await asyncio.sleep(1.0)
+            await poll_until(
+                lambda v: all(f"inference/{n}/weight_version_lag" in v.keys for n in urls),
+                "both servers' weight versions",
+            )
             await poll("skew")
             await snapshot("skew")
             async with c.weight_sync("step-2") as s2:
