@@ -148,6 +148,13 @@ async def rl_scenario(urls: dict[str, str], prom: Any, out_dir: Path) -> RLRun:
             await call("server0", "POST", "/resume")
             await poll("resumed")
             await call("server1", "POST", "/sleep?level=1&mode=keep")
+            await poll_until(
+                lambda v: (
+                    v.keys.get("inference/server1/engines_asleep") == 2
+                    and "inference/server1/engines_paused" in v.keys
+                ),
+                "the sleep (gauges and /is_paused)",
+            )
             for _ in range(PAUSE_POLLS):
                 await asyncio.sleep(1.0)
                 await poll("asleep")
