@@ -10,13 +10,27 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import httpx
 
-from fleetscope.versions import RETRY_FIRST, RETRY_MAX, WEIGHT_INFO_BYTES, _Probe
-
 T = TypeVar("T")
+
+WEIGHT_INFO_BYTES = 64 * 1024  # the cap of every probe answer (they are a few bytes)
+RETRY_FIRST = 30.0
+RETRY_MAX = 900.0
+
+
+@dataclass
+class _Probe:
+    """What one endpoint's answers told us, and when to ask again."""
+
+    answered: bool = False
+    never: bool = False  # a definite "no such route"
+    next_try: float = 0.0
+    wait: float = RETRY_FIRST
+    task: asyncio.Task[None] | None = None
 
 
 class RouteProbe(Generic[T]):

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from fleetscope._route_probe import WEIGHT_INFO_BYTES, RouteProbe, _Probe
 from fleetscope.health import HealthEvent
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.reduce import EngineInput
@@ -45,13 +46,17 @@ __all__ = [
 ]
 
 WEIGHT_INFO_ROUTE = "/weight_info"
-WEIGHT_INFO_BYTES = 64 * 1024
 WEIGHT_INFO_DEADLINE = 2.0
-RETRY_FIRST = 30.0
-RETRY_MAX = 900.0
 GENERATION_FAMILY = "vllm:generation_tokens"
 RL_OPERATION_FAMILY = "vllm:rl_weight_update_operation_duration_seconds"
 RL = "rl"  # the pseudo scope of RL keys: inference/rl/..., inference/{window}/rl/...
+
+
+def _weight_version(info: Any) -> str:
+    version = info.get("weight_version") if isinstance(info, dict) else None
+    if not isinstance(version, str):
+        raise ValueError("no weight_version in the answer")
+    return version
 
 
 # ----------------------------------------------------------------------------- deltas
@@ -94,17 +99,6 @@ def _endpoint_of(engine_id: str) -> str:
 
 
 @dataclass
-class _Probe:
-    """What one endpoint's ``/weight_info`` told us, and when to ask again."""
-
-    answered: bool = False
-    never: bool = False  # a definite "no such route"
-    next_try: float = 0.0
-    wait: float = RETRY_FIRST
-    task: asyncio.Task[None] | None = None
-
-
-@dataclass
 class _Sums:
     stale: float = 0.0
     total: float = 0.0
@@ -125,8 +119,9 @@ class PolicyVersions:
     announced: list[str] = field(default_factory=list)
     announced_at: list[float] = field(default_factory=list)  # monotonic, first announcement
     current: int | None = None
-    served: dict[str, str] = field(default_factory=dict)  # endpoint -> its latest answer
-    _probes: dict[str, _Probe] = field(default_factory=dict)
+    _weights: RouteProbe[str] = field(
+        default_factory=lambda: RouteProbe(WEIGHT_INFO_ROUTE, _weight_version)
+    )
     _open: dict[str, _Sums] = field(default_factory=dict)  # open windows
     run: dict[str, _Sums] = field(default_factory=dict)  # run labels
     _last_stopped: dict[str, _Sums] = field(default_factory=dict)  # until its keys are read
@@ -156,6 +151,15 @@ class PolicyVersions:
         with self._lock:
             return None if self.current is None else self.announced[self.current]
 
+    @property
+    def served(self) -> dict[str, str]:
+        """Endpoint -> the version its latest ``/weight_info`` answer named."""
+        return self._weights.answers
+
+    @property
+    def _probes(self) -> dict[str, _Probe]:
+        return self._weights._probes
+
     def served_index(self, endpoint: str) -> int | None:
         """The index of the endpoint's served version, None when unknown or never announced."""
         with self._lock:
@@ -163,20 +167,13 @@ class PolicyVersions:
             return self.announced.index(v) if v in self.announced else None
 
     def forget_endpoint(self, endpoint: str) -> None:
-        with self._lock:
-            self.served.pop(endpoint, None)
-            p = self._probes.pop(endpoint, None)
-        if p is not None and p.task is not None:
-            p.task.cancel()
+        self._weights.forget(endpoint)
 
     # ------------------------------------------------------------------ /weight_info
 
     def cancel_probes(self) -> None:
         """Stop the requests still running (the collector stops)."""
-        with self._lock:
-            tasks = [p.task for p in self._probes.values() if p.task is not None]
-        for t in tasks:
-            t.cancel()
+        self._weights.cancel()
 
     def probe(
         self,
@@ -189,51 +186,7 @@ class PolicyVersions:
         policy version is set, for endpoints that answered it before or were not asked yet."""
         if not self.active:
             return []
-        now = time.monotonic()
-        tasks = []
-        loop = asyncio.get_running_loop()
-        for ep in endpoints:
-            base = getattr(ep, "base_url", None)
-            if not base:
-                continue
-            with self._lock:
-                p = self._probes.setdefault(ep.name, _Probe())
-            if p.never or now < p.next_try:
-                continue
-            if p.task is None or p.task.done():
-                p.task = loop.create_task(self._ask(client, ep, p, deadline))
-            tasks.append(p.task)
-        return tasks
-
-    async def _ask(self, client: httpx.AsyncClient, ep: Any, p: _Probe, deadline: float) -> None:
-        from fleetscope.sources._http_client import ScrapeError, get_json
-
-        try:
-            info = await get_json(
-                client,
-                ep.base_url + WEIGHT_INFO_ROUTE,
-                headers=getattr(ep, "headers", None) or {},
-                deadline=deadline,
-                cap=WEIGHT_INFO_BYTES,
-            )
-            version = info.get("weight_version") if isinstance(info, dict) else None
-            if not isinstance(version, str):
-                raise ValueError("no weight_version in the answer")
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            with self._lock:
-                self.served.pop(ep.name, None)
-                if isinstance(e, ScrapeError) and str(e) in ("HTTP 404", "HTTP 405"):
-                    p.never = not p.answered  # a server that answered before may come back
-                if not p.never:
-                    p.next_try = time.monotonic() + p.wait
-                    p.wait = min(p.wait * 2, RETRY_MAX)
-            return
-        with self._lock:
-            self.served[ep.name] = version
-            p.answered = True
-            p.wait = RETRY_FIRST
+        return self._weights.probe(client, endpoints, deadline=deadline)
 
     # ------------------------------------------------------------------ per poll
 
