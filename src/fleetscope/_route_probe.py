@@ -1,8 +1,10 @@
 """A small JSON side request asked of every endpoint each poll (vLLM's ``/is_paused``,
 ``/is_sleeping``): the latest answer per endpoint, with the rules of the ``/weight_info``
 probe (docs/rl-lifecycle.md §3): concurrent with the scrape, a deadline and a 64 KiB cap; an
-endpoint that answered 404/405 and never answered before is never asked again; other failures
-back off 30 s, doubling to 15 min, and the answer is unknown meanwhile. Thread-safe."""
+endpoint that answered 404/405 and never answered before is never asked again; a failure of an
+endpoint that answered before is retried at the next poll (one missed deadline on a loaded
+machine should not blank its state for 30 s); further failures in a row back off 30 s, doubling
+to 15 min. The answer is unknown from the first failure until the next answer. Thread-safe."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class _Probe:
     never: bool = False  # a definite "no such route"
     next_try: float = 0.0
     wait: float = RETRY_FIRST
+    failures: int = 0  # in a row
     task: asyncio.Task[None] | None = None
 
 
@@ -99,13 +102,15 @@ class RouteProbe(Generic[T]):
                 self.answers.pop(ep.name, None)
                 if isinstance(e, ScrapeError) and str(e) in ("HTTP 404", "HTTP 405"):
                     p.never = not p.answered
-                if not p.never:
+                p.failures += 1
+                if not p.never and not (p.answered and p.failures == 1):
                     p.next_try = time.monotonic() + p.wait
                     p.wait = min(p.wait * 2, RETRY_MAX)
             return
         with self._lock:
             self.answers[ep.name] = value
             p.answered = True
+            p.failures = 0
             p.wait = RETRY_FIRST
 
 

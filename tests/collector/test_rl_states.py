@@ -215,3 +215,44 @@ async def test_an_engine_paused_too_long_outside_a_sync_is_a_health_condition() 
         await step_and_poll(fleet, c, truth)
         view, _ = await step_and_poll(fleet, c, truth)
         assert view.keys["inference/health/engine_paused"] == 0
+
+
+async def test_one_missed_probe_is_retried_at_the_next_poll_and_repeated_misses_back_off() -> None:
+    """A single failed ``/is_paused`` (a missed deadline on a loaded machine) leaves the state
+    unknown for that poll only; a second failure in a row backs off 30 s (never asked meanwhile)."""
+    async with rig(rl_probes=True) as (fleet, _server, c):
+        rl = fleet.endpoint("server0").rl
+        orig = rl.answer
+        failing = {"on": False}
+        asked: list[bool] = []
+
+        def answer(method: str, path: str, body: bytes):
+            if path == "/is_paused":
+                asked.append(failing["on"])
+                if failing["on"]:
+                    return 500, {"detail": "busy"}
+            return orig(method, path, body)
+
+        rl.answer = answer  # type: ignore[method-assign]
+        truth = Truth()
+
+        def paused(view) -> bool | None:
+            return view.result.endpoint_info["server0"].paused
+
+        view, _ = await step_and_poll(fleet, c, truth)
+        assert paused(view) is False and len(asked) == 1
+        failing["on"] = True
+        view, _ = await step_and_poll(fleet, c, truth)
+        assert paused(view) is None and len(asked) == 2  # unknown, counted nowhere
+        failing["on"] = False
+        view, _ = await step_and_poll(fleet, c, truth)
+        assert paused(view) is False and len(asked) == 3  # asked again at once: known again
+        failing["on"] = True
+        for _ in range(2):
+            view, _ = await step_and_poll(fleet, c, truth)
+        assert paused(view) is None and len(asked) == 5  # two misses in a row
+        failing["on"] = False
+        for _ in range(3):
+            view, _ = await step_and_poll(fleet, c, truth)
+            assert paused(view) is None  # backing off: not asked, still unknown
+        assert len(asked) == 5
