@@ -33,7 +33,7 @@ import numpy as np
 from fleetscope.exposition import Parser
 from fleetscope.fleet import FleetState, ScrapeResult
 from fleetscope.keys import KeyOptions, poll_keys
-from fleetscope.stats.deltas import Baselines
+from fleetscope.stats.baselines import Baselines
 from fleetscope.stats.reduce import EngineInput, reduce_poll
 
 _HERE = Path(__file__).resolve()

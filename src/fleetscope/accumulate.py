@@ -77,8 +77,15 @@ class Accumulator:
         if inputs:
             self._last_present = {inp.engine_id for inp in inputs}
             self._last_poll_time = min(inp.delta.current.time for inp in inputs)
+        # the sums of every engine of one layout are added as one matrix (see _add_rows)
+        by_layout: dict[EngineLayout, list[tuple[EngineDelta, _EngineSum]]] = {}
+        pending: set[str] = set()
         for inp in inputs:
             d = inp.delta
+            if inp.engine_id in pending:  # the same engine twice: its first delta goes first
+                for layout, rows in by_layout.items():
+                    _add_rows(layout, rows)
+                by_layout, pending = {}, set()
             acc = self.engines.get(inp.engine_id)
             if acc is None:
                 acc = self.engines[inp.engine_id] = _EngineSum(
@@ -104,7 +111,6 @@ class Accumulator:
                 # exist before its interval, so nothing earlier is expected of it
                 self._open[inp.engine_id] = d.current.time - d.seconds
                 self._left.discard(inp.engine_id)
-            acc.delta = acc.delta + np.where(np.isnan(d.delta), _nan_or_zero(d), d.delta)
             acc.covered += d.observed_seconds  # a restart's unseen tail is not covered
             acc.spanned += d.seconds
             if d.tail_unseen:
@@ -113,19 +119,10 @@ class Accumulator:
                 acc.restarts += 1
                 if inp.is_engine:  # an endpoint's own row restarts with its engines
                     self.engine_restarts += 1
-            gslots = _gauge_slots(d.layout)
-            if len(gslots):
-                if acc.gauge_area is None:
-                    n = len(d.current.data)
-                    acc.gauge_area = np.zeros(n)
-                    acc.gauge_seconds = np.zeros(n)
-                    acc.gauge_peak = np.full(n, np.nan)
-                assert acc.gauge_seconds is not None and acc.gauge_peak is not None
-                v = d.current.data[gslots]
-                ok = ~np.isnan(v)
-                acc.gauge_area[gslots[ok]] += v[ok] * d.seconds
-                acc.gauge_seconds[gslots[ok]] += d.seconds
-                acc.gauge_peak[gslots[ok]] = np.fmax(acc.gauge_peak[gslots[ok]], v[ok])
+            by_layout.setdefault(d.layout, []).append((d, acc))
+            pending.add(inp.engine_id)
+        for layout, rows in by_layout.items():
+            _add_rows(layout, rows)
 
     def add_seconds(self, seconds: float) -> None:
         self.active_seconds += max(0.0, seconds)
@@ -260,7 +257,7 @@ class Accumulator:
         inputs = []
         for eid, a in self.engines.items():
             data = a.current.data.copy()
-            gslots = _gauge_slots(a.layout)
+            gslots = a.layout.gauge_slots
             if a.gauge_area is not None and a.gauge_seconds is not None and len(gslots):
                 with np.errstate(invalid="ignore", divide="ignore"):
                     tw = a.gauge_area[gslots] / a.gauge_seconds[gslots]
@@ -330,17 +327,32 @@ def _add_sum(acc: _EngineSum, o: _EngineSum) -> None:
             acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
 
 
-def _nan_or_zero(d: EngineDelta) -> np.ndarray:
-    """Unknown increases stay unknown (NaN) in cumulative slots; other slots add nothing."""
-    out = np.zeros(len(d.delta))
-    cum = d.layout.cumulative
-    unknown = np.isnan(d.delta[cum])
-    out[cum[unknown]] = np.nan
-    return out
-
-
-def _gauge_slots(layout: EngineLayout) -> np.ndarray:
-    return np.array([g.slot for g in layout.gauges], dtype=np.intp)
+def _add_rows(layout: EngineLayout, rows: list[tuple[EngineDelta, _EngineSum]]) -> None:
+    """Add one poll's deltas of engines of one layout to their sums: unknown increases stay
+    unknown (NaN) in cumulative slots, other slots add nothing; gauges add value x seconds,
+    seconds and their peak where the value is known."""
+    inc = np.stack([d.delta for d, _ in rows])
+    unknown = np.isnan(inc)
+    unknown[:, layout.cumulative] = False
+    inc[unknown] = 0.0
+    for (_, acc), row in zip(rows, inc, strict=True):
+        acc.delta = acc.delta + row
+    gslots = layout.gauge_slots
+    if not len(gslots):
+        return
+    values = np.stack([d.current.data for d, _ in rows])[:, gslots]
+    secs = np.array([d.seconds for d, _ in rows])[:, None]
+    ok = ~np.isnan(values)
+    area = np.where(ok, values * secs, 0.0)
+    seconds = np.where(ok, secs, 0.0)
+    n = len(layout.slot_ids)
+    for i, (_, acc) in enumerate(rows):
+        if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
+            acc.gauge_area, acc.gauge_seconds = np.zeros(n), np.zeros(n)
+            acc.gauge_peak = np.full(n, np.nan)
+        acc.gauge_area[gslots] += area[i]
+        acc.gauge_seconds[gslots] += seconds[i]
+        acc.gauge_peak[gslots] = np.fmax(acc.gauge_peak[gslots], values[i])
 
 
 def _add_peaks(stats: PollStats, acc: Accumulator) -> None:

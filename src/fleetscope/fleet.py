@@ -20,7 +20,8 @@ from fleetscope._warn import RateLimitedWarner
 from fleetscope.identity import EngineId, Role
 from fleetscope.keys import KeyOptions, key_prefix, poll_keys
 from fleetscope.sources.base import ScrapeResult
-from fleetscope.stats.deltas import Baselines, EngineDelta
+from fleetscope.stats.baselines import Advance, Baselines
+from fleetscope.stats.deltas import EngineDelta
 
 if TYPE_CHECKING:
     from fleetscope.health import HealthEvent
@@ -147,6 +148,8 @@ class FleetState:
         inputs: list[EngineInput] = []
         deltas: dict[EngineId, EngineDelta] = {}
         restarts: list[EngineId] = []
+        pending: list[Advance] = []
+        meta: list[tuple[EngineId, ScrapeResult, bool, Role | None]] = []
         for sc in scrapes:
             first_attempt = self._first_attempt.setdefault(sc.endpoint, sc.wall_time)
             if sc.exposition is None:
@@ -187,37 +190,39 @@ class FleetState:
                         interval = max(snap.wall_time - start, 0.0)
                 # refused in between and no start-time evidence: a restart could hide
                 unknown = known and sc.refused_since_success and start is None
-                d = self.baselines.advance(
-                    eid, snap, new_engine_interval=interval, continuity_unknown=unknown
+                pending.append(Advance(eid, snap, interval, unknown))
+                meta.append((eid, sc, is_engine, role))
+        # every engine's delta at once (one matrix per layout), then the bookkeeping
+        for adv, d, (eid, sc, is_engine, role) in zip(
+            pending, self.baselines.advance_many(pending), meta, strict=True
+        ):
+            snap, interval, unknown = adv.snapshot, adv.new_engine_interval, adv.continuity_unknown
+            if d.type_changed:
+                self._warner.warn(
+                    f"type:{eid}",
+                    f"{eid}: the type of {', '.join(d.type_changed[:3])} changed; its "
+                    "baseline was dropped (no delta this poll)",
                 )
-                if d.type_changed:
-                    self._warner.warn(
-                        f"type:{eid}",
-                        f"{eid}: the type of {', '.join(d.type_changed[:3])} changed; its "
-                        "baseline was dropped (no delta this poll)",
-                    )
-                if unknown:
-                    self._warner.warn(
-                        f"continuity:{eid}",
-                        f"{eid}: {sc.endpoint} refused connections since its last scrape and "
-                        "shows no start time: a restart cannot be ruled out, coverage lowered",
-                    )
-                # the endpoint's engine-less row restarts with its engines: count engines only
-                if d.restarted and not d.baseline_only and interval is None and is_engine:
-                    restarts.append(eid)
-                    self.restarts[eid] = self.restarts.get(eid, 0) + 1
-                    self._warner.warn(
-                        f"restart:{eid}", f"{eid} restarted; counting its series from 0"
-                    )
-                deltas[eid] = d
-                self.engine_role[eid] = role
-                if eid not in self._last_seen and is_engine:
-                    self._ever[sc.endpoint] = self._ever.get(sc.endpoint, 0) + 1
-                self._last_seen[eid] = sc.time
-                groups = sc.groups
-                if self.group_by_model and snap.layout.model_name:
-                    groups = (*groups, f"model:{snap.layout.model_name}")
-                inputs.append(EngineInput(eid, d, role, groups, is_engine))
+            if unknown:
+                self._warner.warn(
+                    f"continuity:{eid}",
+                    f"{eid}: {sc.endpoint} refused connections since its last scrape and "
+                    "shows no start time: a restart cannot be ruled out, coverage lowered",
+                )
+            # the endpoint's engine-less row restarts with its engines: count engines only
+            if d.restarted and not d.baseline_only and interval is None and is_engine:
+                restarts.append(eid)
+                self.restarts[eid] = self.restarts.get(eid, 0) + 1
+                self._warner.warn(f"restart:{eid}", f"{eid} restarted; counting its series from 0")
+            deltas[eid] = d
+            self.engine_role[eid] = role
+            if eid not in self._last_seen and is_engine:
+                self._ever[sc.endpoint] = self._ever.get(sc.endpoint, 0) + 1
+            self._last_seen[eid] = sc.time
+            groups = sc.groups
+            if self.group_by_model and snap.layout.model_name:
+                groups = (*groups, f"model:{snap.layout.model_name}")
+            inputs.append(EngineInput(eid, d, role, groups, is_engine))
         ok = [sc for sc in scrapes if sc.ok]
         if ok:
             self._prev_poll = (max(sc.time for sc in ok), max(sc.wall_time for sc in ok))

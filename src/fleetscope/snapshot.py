@@ -81,6 +81,16 @@ class EngineLayout:
         return np.array(sorted(idx), dtype=np.intp)
 
     @cached_property
+    def gauge_slots(self) -> np.ndarray:
+        return np.array([g.slot for g in self.gauges], dtype=np.intp)
+
+    @cached_property
+    def increase_slots(self) -> np.ndarray:
+        """Slots that carry an increase: the cumulative ones and every histogram ``_sum``."""
+        sums = [h.sum for h in self.histograms if h.sum >= 0]
+        return np.array(sorted({*self.cumulative.tolist(), *sums}), dtype=np.intp)
+
+    @cached_property
     def created_pairs(self) -> np.ndarray:
         """(value slot, created slot) for every series with a `_created` sample."""
         pairs = [(c.slot, c.created) for c in self.counters if c.created >= 0]

@@ -285,7 +285,7 @@ def test_a_new_process_is_expected_only_from_its_start():
     expected up to its last scrape. Both covered throughout: coverage 1."""
     from conftest import fixture_text, set_values
     from fleetscope.exposition import Parser
-    from fleetscope.stats.deltas import Baselines
+    from fleetscope.stats.baselines import Baselines
     from fleetscope.stats.reduce import EngineInput
     from fleetscope.windows import WindowSet
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import drop_lines, fixture_text, sample_value, set_values
 from fleetscope.exposition import InvalidSeries, Parser
 from fleetscope.fleet import FleetState, ScrapeResult
-from fleetscope.stats.deltas import Baselines, engine_delta
+from fleetscope.stats.baselines import Baselines
+from fleetscope.stats.deltas import engine_delta
 
 WALL = 1_795_970_000.0
 LOAD = fixture_text("single_load.prom")

@@ -15,7 +15,8 @@ import pytest
 from conftest import drop_lines, fixture_text, sample_value, sample_values, set_values
 from fleetscope.exposition import Parser
 from fleetscope.fleet import FleetState, ScrapeResult
-from fleetscope.stats.deltas import Baselines, engine_delta
+from fleetscope.stats.baselines import Baselines
+from fleetscope.stats.deltas import engine_delta
 
 WALL = 1_795_970_000.0  # Unix time of monotonic 0 in these tests (after the captures' start)
 IDLE = fixture_text("single_idle.prom")

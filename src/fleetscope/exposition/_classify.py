@@ -159,8 +159,9 @@ def build_layout(
         tuple((d.family, d.labels) for _o, d, _v, _ln in rows if d.kind == "info"),
         model_names[0] if model_names else None,
     )
-    cached = LAYOUTS.get(key)
+    cached = LAYOUTS.pop(key, None)
     if cached is not None:
+        LAYOUTS[key] = cached  # most recently used last: eviction takes the oldest
         return cached, slot_map
     counters: list[CounterSeries] = []
     gauges: list[GaugeSeries] = []
@@ -217,7 +218,7 @@ def build_layout(
         info=info,
         model_name=model_names[0] if model_names else None,
     )
-    if len(LAYOUTS) >= _MAX_LAYOUTS:
-        LAYOUTS.clear()
+    while len(LAYOUTS) >= _MAX_LAYOUTS:  # the oldest shape goes (not all: live ones stay shared)
+        LAYOUTS.pop(next(iter(LAYOUTS)))
     LAYOUTS[key] = layout
     return layout, slot_map

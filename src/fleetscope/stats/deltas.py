@@ -25,7 +25,7 @@ Pure functions: no I/O, no clocks.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -315,93 +315,3 @@ def _count_new(
         for s in missing:
             out[s] = fill[s] if fill is not None else np.nan
     return series_new
-
-
-class Baselines:
-    """The last successful snapshot of every engine, plus series that went missing.
-
-    Pure bookkeeping for a poller: :meth:`advance` turns a new snapshot into an
-    :class:`EngineDelta` and makes it the new baseline. Engines not seen in a poll keep their
-    baseline, so the next success gives exact deltas over the longer interval. A series missing
-    from a scrape (absent, or left out as invalid) keeps its last value and that value's time.
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[str, EngineSnapshot] = {}
-        # engine -> series id -> (last value, its monotonic time); NaN value: never valid yet
-        self._carried: dict[str, dict[str, tuple[float, float]]] = {}
-
-    def __contains__(self, engine_id: str) -> bool:
-        return engine_id in self._last
-
-    def __len__(self) -> int:
-        return len(self._last)
-
-    def advance(
-        self,
-        engine_id: str,
-        cur: EngineSnapshot,
-        *,
-        new_engine_interval: float | None = None,
-        continuity_unknown: bool = False,
-    ) -> EngineDelta:
-        """Delta against the engine's baseline; ``cur`` becomes the baseline.
-
-        ``new_engine_interval``: for an engine never seen before, the seconds since the previous
-        poll when its start time proves it started after that poll (its values all count);
-        None means its first values are only a baseline.
-        ``continuity_unknown``: the caller cannot vouch that the engine was the same process all
-        along (e.g. its connection was refused between two successes): deltas are computed as
-        usual, but ``observed_seconds`` is 0 and the delta says ``continuity_unknown``.
-        """
-        prev = self._last.get(engine_id)
-        if prev is None:
-            delta = (
-                baseline(cur)
-                if new_engine_interval is None
-                else from_zero(cur, new_engine_interval)
-            )
-        else:
-            kept = self._carried.get(engine_id)
-            values = {k: v for k, (v, _t) in kept.items()} if kept else None
-            times = {k: t for k, (_v, t) in kept.items()} if kept else None
-            delta = engine_delta(prev, cur, values, times)
-            if delta.restarted:
-                self._carried.pop(engine_id, None)
-            elif prev.layout is not cur.layout:
-                self._carry_missing(engine_id, prev, cur)
-        if cur.invalid:
-            carried = self._carried.setdefault(engine_id, {})
-            for sid in cur.invalid:
-                carried.setdefault(sid, (float("nan"), cur.time))
-        if continuity_unknown and prev is not None:
-            delta = replace(delta, observed_seconds=0.0, continuity_unknown=True)
-        self._last[engine_id] = cur
-        return delta
-
-    def _carry_missing(self, engine_id: str, prev: EngineSnapshot, cur: EngineSnapshot) -> None:
-        cur_index = cur.layout.index
-        carried = self._carried.setdefault(engine_id, {})
-        cum = set(prev.layout.cumulative.tolist()) | set(prev.layout.created_slots.tolist())
-        for h in prev.layout.histograms:
-            if h.sum >= 0:
-                cum.add(h.sum)
-        for i, sid in enumerate(prev.layout.slot_ids):
-            if sid not in cur_index and i in cum:
-                carried[sid] = (float(prev.data[i]), prev.time)
-        for sid in list(carried):
-            if sid in cur_index:
-                del carried[sid]
-        if not carried:
-            del self._carried[engine_id]
-
-    def forget(self, engine_id: str) -> None:
-        self._last.pop(engine_id, None)
-        self._carried.pop(engine_id, None)
-
-    def engines(self) -> list[str]:
-        return list(self._last)
-
-    def last(self, engine_id: str) -> EngineSnapshot | None:
-        """The engine's latest snapshot (its baseline for the next poll), if any."""
-        return self._last.get(engine_id)
