@@ -39,6 +39,7 @@ from fleetscope.sources._http_client import (
     is_refusal,
     new_clients,
 )
+from fleetscope.sources._loop_parse import LoopParser
 from fleetscope.sources._membership import Endpoint, EndpointSet, Members, name_endpoints
 from fleetscope.sources._server_version import ServerVersions
 from fleetscope.sources.base import Departure, ScrapeResult
@@ -47,6 +48,8 @@ __all__ = ["ACCEPT", "Endpoint", "HttpSource", "name_endpoints"]
 
 log = logging.getLogger("fleetscope")
 
+# bodies up to this size, of a shape already seen, are parsed on the loop (~0.4 ms per 50 KB)
+INLINE_PARSE_BYTES = 256 * 1024
 SIDE_RETRY_FIRST = 30.0
 SIDE_RETRY_MAX = 900.0
 
@@ -90,6 +93,7 @@ class HttpSource(Members):
         self._headers = {"Accept": ACCEPT, **(headers or {})}
         self._verify = verify
         self._sem = asyncio.Semaphore(max_concurrency)
+        self._loop_parser = LoopParser()
         self._client: httpx.AsyncClient | None = None  # side requests
         self._wire: WireClient | None = None  # /metrics scrapes (the hot path)
         self._client_lock = asyncio.Lock()
@@ -164,6 +168,7 @@ class HttpSource(Members):
             await self._wire.aclose()
             self._wire = None
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._loop_parser.cancel()
 
     def warn(self, endpoint: str, kind: str, message: str) -> None:
         self._warner.warn(f"{endpoint}:{kind}", message)
@@ -219,11 +224,16 @@ class HttpSource(Members):
             parser = self._parsers[ep.name] = Parser(
                 identity_labels=self._identity, max_bytes=self.max_body_bytes
             )
-        loop = asyncio.get_running_loop()
         try:
-            expo = await loop.run_in_executor(
-                self._pool, lambda: parser.parse(body, time=t_arrived, wall_time=wall)
-            )
+            if len(body) <= INLINE_PARSE_BYTES and parser.fast_hits:
+                # a body of a known shape: on the loop, a slice at a time (_loop_parse.py)
+                expo = await self._loop_parser.run(
+                    lambda: parser.parse(body, time=t_arrived, wall_time=wall)
+                )
+            else:
+                expo = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, lambda: parser.parse(body, time=t_arrived, wall_time=wall)
+                )
         except ExpositionError as e:
             return self._failed(ep, t0, f"bad exposition: {e}")
         except Exception as e:
