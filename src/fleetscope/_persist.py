@@ -6,6 +6,7 @@ Non-finite floats are written as the strings ``"NaN"``, ``"+Inf"`` and ``"-Inf"`
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,8 +75,20 @@ def engine_from_data(e: Mapping[str, Any]) -> tuple[EngineId, _EngineSum]:
     )
 
 
+_WRITTEN: weakref.WeakKeyDictionary[EngineLayout, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
 def layout_to_data(layout: EngineLayout) -> dict[str, Any]:
-    """An engine layout as plain data (its series, slots and info labels)."""
+    """An engine layout as plain data (its series, slots and info labels). Layouts are
+    immutable and shared by the engines of one shape: written once, the same (read-only) dict
+    for every engine, which pickle also stores once."""
+    data = _WRITTEN.get(layout)
+    if data is None:
+        data = _WRITTEN[layout] = _layout_data(layout)
+    return data
+
+
+def _layout_data(layout: EngineLayout) -> dict[str, Any]:
     return {
         "slot_ids": list(layout.slot_ids),
         "counters": [
@@ -134,11 +147,20 @@ def layout_from_data(data: Mapping[str, Any]) -> EngineLayout:
 
 
 def _floats(arr: np.ndarray) -> list[float | str]:
-    return [_jsonable(float(x)) for x in arr]
+    finite = np.isfinite(arr)
+    if finite.all():
+        return arr.tolist()  # type: ignore[no-any-return]
+    out = arr.astype(object)  # C speed: Python floats, then the strings by mask
+    out[np.isnan(arr)] = "NaN"
+    out[arr == np.inf] = "+Inf"
+    out[arr == -np.inf] = "-Inf"
+    return out.tolist()  # type: ignore[no-any-return]
 
 
 def _array(values: list[float | str]) -> np.ndarray:
-    return np.array([_from_json(x) for x in values], dtype=float)
+    if any(isinstance(x, str) for x in values):
+        return np.array([_from_json(x) for x in values], dtype=float)
+    return np.array(values, dtype=float)
 
 
 def _id_json(engine: str) -> list[str | None]:

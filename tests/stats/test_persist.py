@@ -1,0 +1,45 @@
+"""Accumulator persistence (_persist.py): float arrays round-trip exactly through strict JSON,
+non-finite values as the strings the docs name, and a layout shared by many engines is written
+once (the same data for each)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from conftest import fixture_text
+from fleetscope._persist import _array, _floats, layout_from_data, layout_to_data
+from fleetscope.exposition import Parser
+
+
+def test_float_arrays_round_trip_exactly_through_strict_json() -> None:
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 17, 500):
+        a = rng.normal(size=n) * 10.0 ** rng.integers(-300, 300, size=n)
+        if n:
+            a[rng.random(n) < 0.3] = np.nan
+            a[rng.random(n) < 0.05] = np.inf
+            a[rng.random(n) < 0.05] = -np.inf
+            a[0] = -0.0 if n > 1 else a[0]
+        data = _floats(a)
+        text = json.dumps(data, allow_nan=False)  # strict JSON: no NaN / Infinity literals
+        assert all(type(x) in (float, str) for x in data)
+        assert {x for x in data if isinstance(x, str)} <= {"NaN", "+Inf", "-Inf"}
+        back = _array(json.loads(text))
+        assert back.dtype == float and back.shape == a.shape
+        np.testing.assert_array_equal(back, a)  # NaN == NaN here; values bit-exact
+        assert np.array_equal(np.signbit(back), np.signbit(a))
+    assert _floats(np.array([1.5, 2.0])) == [1.5, 2.0]
+
+
+def test_a_shared_layout_is_written_once_and_restored_as_one_object() -> None:
+    body = fixture_text("dp2_load.prom")
+    expo = Parser().parse(body)
+    lay = expo["0"].layout
+    assert expo["1"].layout is lay
+    first, second = layout_to_data(lay), layout_to_data(expo["1"].layout)
+    assert first is second
+    restored = layout_from_data(json.loads(json.dumps(first)))
+    assert restored.slot_ids == lay.slot_ids
+    assert layout_from_data(json.loads(json.dumps(second))) is restored
