@@ -160,3 +160,17 @@ def test_annotate_cli_bad_url_hides_the_secret(capsys: pytest.CaptureFixture[str
     rc = cli.main(["annotate", "start", f"http://grafana:3000?api_key={SECRET}"])
     assert rc == 2
     assert SECRET not in capsys.readouterr().err
+
+
+def test_a_duplicate_endpoint_error_hides_the_password() -> None:
+    from fleetscope.sources._membership import EndpointSet
+    from fleetscope.sources.http import Endpoint
+
+    url = f"http://user:{SECRET}@127.0.0.1:9/metrics"
+    watched = EndpointSet([Endpoint(url, "a")])
+    with pytest.raises(ValueError) as twice:
+        watched.assign([Endpoint(url, "a"), Endpoint(url, "b")])
+    assert SECRET not in str(twice.value) and "127.0.0.1" in str(twice.value)
+    with pytest.raises(ValueError) as again:
+        watched.add(Endpoint(url, "b"))
+    assert SECRET not in str(again.value) and "already watched" in str(again.value)

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from fleetscope._redact import redact
 from fleetscope.identity import Role, validate_endpoint_name
 
 
@@ -98,7 +99,7 @@ class EndpointSet:
             for e in endpoints:
                 url = e.url if isinstance(e, Endpoint) else e
                 if url in watched:
-                    raise ValueError(f"{url} is already watched")
+                    raise ValueError(redact(f"{url} is already watched"))
                 watched.add(url)
             named = name_endpoints(endpoints, taken=self._names_used)
             self._names_used.update(e.name for e in named)
@@ -127,7 +128,7 @@ class EndpointSet:
         for e in endpoints:
             ep = e if isinstance(e, Endpoint) else Endpoint(url=e)
             if ep.url in wanted:
-                raise ValueError(f"{ep.url} is listed twice")
+                raise ValueError(redact(f"{ep.url} is listed twice"))
             wanted[ep.url] = ep
         with self._lock:
             removed_names = set(self._pending_remove)

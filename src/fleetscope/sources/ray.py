@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
+from fleetscope._redact import redact
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.exposition import Exposition
 from fleetscope.identity import EngineId, Role
@@ -194,7 +195,7 @@ class RaySource:
 
     def _disable(self, why: str) -> None:
         self.disabled = why
-        log.warning("fleetscope: Ray metrics disabled (%s); training continues", why)
+        log.warning("fleetscope: Ray metrics disabled (%s); training continues", redact(why))
 
     async def aclose(self) -> None:
         await self.http.aclose()
