@@ -149,12 +149,12 @@ def layout_from_data(data: Mapping[str, Any]) -> EngineLayout:
 def _floats(arr: np.ndarray) -> list[float | str]:
     finite = np.isfinite(arr)
     if finite.all():
-        return arr.tolist()  # type: ignore[no-any-return]
+        return arr.tolist()
     out = arr.astype(object)  # C speed: Python floats, then the strings by mask
     out[np.isnan(arr)] = "NaN"
     out[arr == np.inf] = "+Inf"
     out[arr == -np.inf] = "-Inf"
-    return out.tolist()  # type: ignore[no-any-return]
+    return out.tolist()
 
 
 def _array(values: list[float | str]) -> np.ndarray:
