@@ -4,8 +4,8 @@ A poll is handed to every sink's queue and the collector moves on. A sink slower
 fills its queue; further polls are dropped *for that sink only* (counted in
 ``{prefix}/collector/sink_rows_dropped/{name}``, warned with the sink's name), and its queue
 drains when it recovers. Window boundaries, the run summary and the end of the run are never
-dropped (they jump the bound). :meth:`SinkFanout.close` closes every sink within one deadline; the threads are
-daemons, so a sink whose ``close()`` hangs never keeps the process from exiting.
+dropped (they jump the bound). :meth:`SinkFanout.close` closes every sink within one deadline;
+the threads are daemons, so a sink whose ``close()`` hangs never keeps the process from exiting.
 
 Key sets: a sink with ``key_set = "compact"`` (W&B by default) gets the compact subset of each
 poll's keys and of the run summary (:class:`fleetscope.keys.KeyDict`, marked where the keys are
