@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from fleetscope.windows import check_action
+from fleetscope.windows import WindowError, check_action
 
 if TYPE_CHECKING:
     from fleetscope.collector import Collector
@@ -57,6 +57,10 @@ class WindowHandle:
 
     def _bound(self, action: str) -> dict[str, float]:
         c = self.collector
+        own = getattr(c, "_thread", None)
+        if own is not None and threading.current_thread() is own:
+            # misuse, refused before the window's declared state changes
+            raise WindowError("inside the collector's own loop, use the async methods")
         c._ledger.declare(action, self.label)
         keys = c._run_sync(c._boundary(action, self.label), c.config.boundary_wait)
         return keys or {}

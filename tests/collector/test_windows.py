@@ -471,6 +471,33 @@ def test_window_misuse_sync_api_raises_in_the_caller_thread() -> None:
     assert keys["inference/eval/agg/generation_tokens_total/delta"] > 0
 
 
+@pytest.mark.inline_only
+def test_a_sync_boundary_from_the_collectors_own_loop_is_refused_and_changes_nothing() -> None:
+    """Misuse (a sync call on the collector's loop thread) raises before the window's declared
+    state changes: the same window then starts normally from the trainer's thread."""
+    fleet = SimFleet.build(1, dp=1, seed=5)
+    fleet.step(2.0)
+    with FleetServer(fleet) as server:
+        c = Collector(server.urls, interval=3600, timeout=2.0, fetch_model_info=False)
+        c.start_background()
+        try:
+            w = c.window("train")
+
+            async def on_the_loop() -> None:
+                w.start()
+
+            assert c._loop is not None
+            fut = asyncio.run_coroutine_threadsafe(on_the_loop(), c._loop)
+            with pytest.raises(WindowError, match="own loop"):
+                fut.result(60)
+            w.start()  # not "already open": the refused call declared nothing
+            fleet.step(1.0)
+            keys = w.stop()
+        finally:
+            c.stop_background()
+    assert keys["inference/train/agg/generation_tokens_total/delta"] > 0
+
+
 # --------------------------------------------------------------------------- resume
 
 
