@@ -134,7 +134,8 @@ class Baselines:
     def _batch(self, lay: EngineLayout, items: list[Advance]) -> list[EngineDelta | None]:
         """The clean engines of one layout as a matrix; None for the others (left to
         :meth:`advance`: a reset or a restart needs the per-engine rules)."""
-        prev = np.stack([self._last[it.engine_id].data for it in items])
+        prevs = [self._last[it.engine_id] for it in items]
+        prev = np.stack([p.data for p in prevs])
         cur = np.stack([it.snapshot.data for it in items])
         d = cur - prev
         cum = lay.cumulative
@@ -152,8 +153,7 @@ class Baselines:
                 out.append(None)
                 continue
             snap = it.snapshot
-            prev_time = self._last[it.engine_id].time
-            out.append(EngineDelta(snap.engine, snap, res[i], snap.time - prev_time))
+            out.append(EngineDelta(snap.engine, snap, res[i], snap.time - prevs[i].time))
             self._last[it.engine_id] = snap
         return out
 

@@ -121,12 +121,8 @@ def from_zero(current: EngineSnapshot, seconds: float) -> EngineDelta:
 
 def _cumulative_values(current: EngineSnapshot) -> np.ndarray:
     d = np.full(len(current.data), np.nan)
-    lay = current.layout
-    cum = lay.cumulative
-    d[cum] = current.data[cum]
-    sums = [h.sum for h in lay.histograms if h.sum >= 0]
-    if sums:
-        d[sums] = current.data[sums]
+    keep = current.layout.increase_slots
+    d[keep] = current.data[keep]
     return d
 
 
@@ -232,10 +228,8 @@ def engine_delta(
         )
 
     out = np.full(len(cdat), np.nan)
-    out[cum] = dc
-    sums = [h.sum for h in lay.histograms if h.sum >= 0]
-    if sums:
-        out[sums] = d[sums]
+    keep = lay.increase_slots  # the cumulative slots and every `_sum`
+    out[keep] = d[keep]
 
     # ---- series resets: a dropped value or a moved `_created` resets its whole group
     series_reset = 0
