@@ -186,15 +186,53 @@ PREEMPTIONS_FAMILY = "vllm:num_preemptions"
 WAITING_BY_REASON_FAMILY = "vllm:num_requests_waiting_by_reason"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
-# per-engine metric names (after the ``vllm:`` prefix is stripped) the view and health read
+# metric names (after the ``vllm:`` prefix is stripped) the view, health, the terminal and the
+# dashboards read; an SGLang engine's equivalents are parsed under these names too
 KV_USAGE = "kv_cache_usage_perc"
 RUNNING = "num_requests_running"
 WAITING = "num_requests_waiting"
 WAITING_FOR_CAPACITY = "num_requests_waiting_reason_capacity"
-GENERATION_RATE = "generation_tokens_total:rate"
-PROMPT_RATE = "prompt_tokens_total:rate"
-PREEMPTION_RATE = "num_preemptions_total:rate"
+GENERATION_TOKENS = "generation_tokens_total"
+PROMPT_TOKENS = "prompt_tokens_total"
+PREEMPTIONS = "num_preemptions_total"
+REQUEST_SUCCESS = "request_success_total"
+GENERATION_RATE = GENERATION_TOKENS + ":rate"
+PROMPT_RATE = PROMPT_TOKENS + ":rate"
+PREEMPTION_RATE = PREEMPTIONS + ":rate"
 KV_CAPACITY_TOKENS = "kv_cache_capacity_tokens"
+PREFIX_HIT_RATE = "prefix_cache_hit_rate"
+LENGTH_SHARE = "length_finished_share"
+TTFT = "time_to_first_token_seconds"
+TPOT = "request_time_per_output_token_seconds"
+ITL = "inter_token_latency_seconds"
+E2E = "e2e_request_latency_seconds"
+
+_SERIES_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created", "_info")
+
+
+def family_of_series(name: str) -> Family | None:
+    """The catalog's family of an exposed series name (``vllm:x_total``, ``sglang:y_bucket``)."""
+    family = FAMILY_BY_NAME.get(name)
+    if family is not None:
+        return family
+    for suffix in _SERIES_SUFFIXES:
+        if name.endswith(suffix):
+            family = FAMILY_BY_NAME.get(name[: -len(suffix)])
+            if family is not None:
+                return family
+    return None
+
+
+def native_name(canonical: str, engine: str) -> str:
+    """The current family ``engine`` exposes for the vLLM family ``canonical`` (both with their
+    prefixes): ``native_name("vllm:num_requests_running", "sglang")`` is
+    ``"sglang:num_running_reqs"``. Raises ``KeyError`` when the engine has no equivalent."""
+    for family in FAMILIES:
+        if family.engine != engine or family.rename or family.fallback:
+            continue
+        if family.parsed_name == canonical:
+            return family.name
+    raise KeyError(f"{engine} has no family for {canonical}")
 
 
 def gauge_metric_name(family_metric: str, labels: Labels) -> str:

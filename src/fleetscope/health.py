@@ -29,6 +29,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fleetscope import catalog
 from fleetscope.fleet import PollResult
 
 CONDITIONS: tuple[str, ...] = (
@@ -45,11 +46,11 @@ CONDITIONS: tuple[str, ...] = (
 
 # the per-engine columns the conditions read
 _READ = (
-    "num_requests_running",
-    "generation_tokens_total:rate",
-    "kv_cache_usage_perc",
-    "num_requests_waiting",
-    "num_preemptions_total:rate",
+    catalog.RUNNING,
+    catalog.GENERATION_RATE,
+    catalog.KV_USAGE,
+    catalog.WAITING,
+    catalog.PREEMPTION_RATE,
 )
 
 
@@ -101,8 +102,8 @@ class HealthMonitor:
             role = roles.get(eid)
             interval = seconds.get(eid, 0.0)  # 0 for a baseline-only first observation
             fresh = interval > 0
-            running = m.get("num_requests_running")
-            gen = m.get("generation_tokens_total:rate")
+            running = m.get(catalog.RUNNING)
+            gen = m.get(catalog.GENERATION_RATE)
             if (
                 fresh
                 and role != "prefill"
@@ -125,7 +126,7 @@ class HealthMonitor:
                     )
             elif fresh:
                 self._stall.pop(eid, None)
-            kv = m.get("kv_cache_usage_perc")
+            kv = m.get(catalog.KV_USAGE)
             if kv is not None:
                 polls, secs = self._kv.get(eid, (0, 0.0))
                 polls, secs = (polls + 1, secs + interval) if kv >= t.kv_full else (0, 0.0)
@@ -139,7 +140,7 @@ class HealthMonitor:
                             f"{eid}: KV cache {kv:.0%} full ({polls} polls, {secs:.0f} s in a row)",
                         )
                     )
-            waiting = m.get("num_requests_waiting")
+            waiting = m.get(catalog.WAITING)
             if waiting is not None:
                 last, streak, secs = self._queue.get(eid, (math.inf, 0, 0.0))
                 streak, secs = (streak + 1, secs + interval) if waiting > last else (0, 0.0)
@@ -154,7 +155,7 @@ class HealthMonitor:
                             f"to {waiting:.0f}",
                         )
                     )
-            pre = m.get("num_preemptions_total:rate")
+            pre = m.get(catalog.PREEMPTION_RATE)
             if pre is not None and fresh:
                 burst = pre * interval
                 if burst >= t.preemption_burst:

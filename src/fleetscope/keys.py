@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fleetscope import catalog
 from fleetscope.catalog import DECODE_ONLY_METRICS
 from fleetscope.stats.reduce import PollStats, ScopeStats
 
@@ -39,30 +40,30 @@ DEFAULT_KEY_BUDGET = 8000
 
 # what the tails of a large fleet are chosen by
 HEADLINE_METRICS: tuple[str, ...] = (
-    "kv_cache_usage_perc",
-    "num_requests_running",
-    "num_requests_waiting",
-    "generation_tokens_total:rate",
-    "prompt_tokens_total:rate",
-    "num_preemptions_total:rate",
-    "prefix_cache_hit_rate",
-    "time_to_first_token_seconds:mean",
+    catalog.KV_USAGE,
+    catalog.RUNNING,
+    catalog.WAITING,
+    catalog.GENERATION_RATE,
+    catalog.PROMPT_RATE,
+    catalog.PREEMPTION_RATE,
+    catalog.PREFIX_HIT_RATE,
+    catalog.TTFT + ":mean",
 )
 
 # SkyRL step key -> (our metric, our stat)
 SKYRL_STEP_KEYS: dict[str, tuple[str, str]] = {
-    "num_requests_running": ("num_requests_running", "sum"),
-    "num_requests_waiting": ("num_requests_waiting", "sum"),
-    "kv_cache_usage_perc": ("kv_cache_usage_perc", "mean"),
-    "generation_throughput_tok_s": ("generation_tokens_total:rate", "sum"),
-    "prompt_throughput_tok_s": ("prompt_tokens_total:rate", "sum"),
-    "prefix_cache_hit_rate": ("prefix_cache_hit_rate", "pooled"),
+    "num_requests_running": (catalog.RUNNING, "sum"),
+    "num_requests_waiting": (catalog.WAITING, "sum"),
+    "kv_cache_usage_perc": (catalog.KV_USAGE, "mean"),
+    "generation_throughput_tok_s": (catalog.GENERATION_RATE, "sum"),
+    "prompt_throughput_tok_s": (catalog.PROMPT_RATE, "sum"),
+    "prefix_cache_hit_rate": (catalog.PREFIX_HIT_RATE, "pooled"),
     "external_prefix_cache_hit_rate": ("external_prefix_cache_hit_rate", "pooled"),
-    "ttft_seconds_avg": ("time_to_first_token_seconds:mean", "pooled"),
-    "ttft_seconds_p90": ("time_to_first_token_seconds", "p90"),
-    "tpot_seconds_avg": ("request_time_per_output_token_seconds:mean", "pooled"),
-    "tpot_seconds_p90": ("request_time_per_output_token_seconds", "p90"),
-    "num_preemptions": ("num_preemptions_total", "delta"),
+    "ttft_seconds_avg": (catalog.TTFT + ":mean", "pooled"),
+    "ttft_seconds_p90": (catalog.TTFT, "p90"),
+    "tpot_seconds_avg": (catalog.TPOT + ":mean", "pooled"),
+    "tpot_seconds_p90": (catalog.TPOT, "p90"),
+    "num_preemptions": (catalog.PREEMPTIONS, "delta"),
     "preemptions_per_million_tokens": ("preemptions_per_million_output_tokens", "pooled"),
     "kv_offload_load_throughput_bytes_s": ("kv_offload_load_bytes_total:rate", "sum"),
     "kv_offload_store_throughput_bytes_s": ("kv_offload_store_bytes_total:rate", "sum"),
@@ -70,8 +71,8 @@ SKYRL_STEP_KEYS: dict[str, tuple[str, str]] = {
     "draft_num_accepted_tokens": ("spec_decode_num_accepted_tokens_total", "delta"),
     "draft_acceptance_rate": ("spec_decode_acceptance_rate", "pooled"),
     "draft_mean_acceptance_length": ("spec_decode_mean_acceptance_length", "pooled"),
-    "prompt_throughput_cv": ("prompt_tokens_total:rate", "cv"),
-    "generation_throughput_cv": ("generation_tokens_total:rate", "cv"),
+    "prompt_throughput_cv": (catalog.PROMPT_RATE, "cv"),
+    "generation_throughput_cv": (catalog.GENERATION_RATE, "cv"),
 }
 
 

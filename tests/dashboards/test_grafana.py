@@ -165,8 +165,11 @@ def test_dashboard_options() -> None:
     assert not any("__name__" in e for e in exprs)
     assert 'tier!="prefill"' in _exprs(_panel(d, "Generation tokens / s"))[1]
     assert variable_queries(d) == {
-        "job": "label_values(vllm:num_requests_running, job)",
-        "role": 'label_values(vllm:num_requests_running{job=~"$job"}, tier)',
+        "job": 'label_values({__name__=~"vllm:num_requests_running|sglang:num_running_reqs"}, job)',
+        "role": (
+            'label_values({__name__=~"vllm:num_requests_running|sglang:num_running_reqs",'
+            'job=~"$job"}, tier)'
+        ),
     }
     assert not build_dashboard(annotation_tags=()).get("annotations", {}).get("list")
     for bad in ({"metric_prefix": "vllm-"}, {"role_label": "job"}, {"role_label": "__role"}):

@@ -23,7 +23,12 @@ import pytest
 from test_grafana import OTHER_ROWS, row_exprs
 
 from conftest import DATA
-from fleetscope.dashboards.grafana import build_dashboard, substitute_variables
+from fleetscope.dashboards.grafana import (
+    build_dashboard,
+    promql_expressions,
+    substitute_variables,
+    variable_queries,
+)
 from support.prom import PrometheusServer
 
 RATE = "5s"
@@ -31,6 +36,7 @@ BODIES = {
     "vllm": DATA / "real-vllm-rl" / "single" / "41_final.prom",
     "sglang": DATA / "sglang-0.5.23" / "dp2_after.prom",
 }
+TARGETS: list[str] = []  # the module's Prometheus targets (vLLM, SGLang)
 _CUMULATIVE = re.compile(r"^(\S+?(?:_total|_count|_bucket|_sum)(?:\{.*\})?) (\S+)$")
 
 
@@ -77,6 +83,7 @@ def prom() -> Iterator[tuple[PrometheusServer, float]]:
     servers = {k: Growing(p.read_text()) for k, p in BODIES.items()}
     try:
         targets = [s.target for s in servers.values()]
+        TARGETS[:] = targets
         with PrometheusServer(targets, 0.5) as p:
             first = p.wait_for_scrape_after(time.time())
             t = p.wait_for_scrape_after(first + 2.5)
@@ -126,3 +133,36 @@ def test_rl_figures_from_promql(prom) -> None:
     asleep = next(e for e in rows if "avg_over_time" in e)
     (r,) = p.query(substitute_variables(asleep, RATE), t)
     assert r["value"] == 0.0  # the recorded body is awake (awake = 1 at every scrape)
+
+
+@pytest.mark.parametrize("prefix", [None, "vllm:"])
+def test_the_job_and_role_variables_list_sglang_targets(prom, prefix) -> None:
+    """A job serving only SGLang is listed: the variables' probe matches both engines' series
+    (here one job holds a vLLM and an SGLang target: the probe must match both instances)."""
+    p, _ = prom
+    instances = set()
+    for name, query in variable_queries(build_dashboard(metric_prefix=prefix)).items():
+        m = re.fullmatch(r"label_values\((.+), (\w+)\)", query)
+        assert m, query
+        found = p.label_values("instance", substitute_variables(m.group(1)))
+        if name == "job":
+            instances = set(found)
+    assert instances == set(TARGETS), instances
+
+
+def test_every_queried_name_is_in_the_catalog() -> None:
+    """Like vLLM's own dashboards' check: every engine series the dashboard queries is a
+    family the catalog knows, for the engine it is queried as."""
+    from fleetscope.catalog import family_of_series
+
+    names = set()
+    for expr in promql_expressions(build_dashboard(metric_prefix="vllm:")):
+        names |= set(re.findall(r"\b((?:vllm|sglang):[a-zA-Z0-9_]+)", expr))
+    assert any(n.startswith("sglang:") for n in names) and len(names) > 20
+    unknown = sorted(n for n in names if family_of_series(n) is None)
+    assert not unknown, unknown
+    # a name the catalog lacks is refused at build time, not drawn as an empty panel
+    from fleetscope.dashboards._grafana_panels import _Promql
+
+    with pytest.raises(ValueError, match="catalog"):
+        _Promql(None, "role", "job", "role").sel("num_requests_runnin")

@@ -169,3 +169,38 @@ def test_sglang_body_labels_are_in_the_table():
                 f = FAMILY_BY_NAME[base(s["name"], typ)]
                 # `pid`: added by prometheus_client's multiprocess mode to mode-"all" gauges
                 assert set(s["labels"]) - {"pid"} <= set(f.labels.split()), (s["name"], s["labels"])
+
+
+def test_the_names_every_stage_reads_are_catalog_families_with_sglang_equivalents():
+    """The view, health, the terminal, the keys and the dashboards read metric names from the
+    catalog's constants; each names a vLLM family of the table, and each headline one has an
+    SGLang family parsed under it (so the same stage reads both engines)."""
+    read = {
+        catalog.KV_USAGE: "vllm:kv_cache_usage_perc",
+        catalog.RUNNING: "vllm:num_requests_running",
+        catalog.WAITING: "vllm:num_requests_waiting",
+        catalog.GENERATION_TOKENS: "vllm:generation_tokens",
+        catalog.PROMPT_TOKENS: "vllm:prompt_tokens",
+        catalog.PREEMPTIONS: "vllm:num_preemptions",
+        catalog.REQUEST_SUCCESS: "vllm:request_success",
+        catalog.TTFT: "vllm:time_to_first_token_seconds",
+        catalog.TPOT: "vllm:request_time_per_output_token_seconds",
+        catalog.ITL: "vllm:inter_token_latency_seconds",
+        catalog.E2E: "vllm:e2e_request_latency_seconds",
+    }
+    for metric, family in read.items():
+        assert catalog.family_of_series("vllm:" + metric) is FAMILY_BY_NAME[family], metric
+    sglang = {
+        m: catalog.native_name(f, "sglang")
+        for m, f in read.items()
+        if f != read[catalog.ITL] and f != read[catalog.REQUEST_SUCCESS]
+    }
+    assert sglang[catalog.RUNNING] == "sglang:num_running_reqs"
+    assert sglang[catalog.WAITING] == "sglang:num_queue_reqs"
+    assert sglang[catalog.KV_USAGE] == "sglang:full_token_usage"  # not the rounded token_usage
+    assert sglang[catalog.PREEMPTIONS] == "sglang:num_retracted_requests"
+    for name in sglang.values():
+        assert FAMILY_BY_NAME[name].engine == "sglang"
+    with pytest.raises(KeyError):  # SGLang's ITL means something else: no equivalent
+        catalog.native_name(read[catalog.ITL], "sglang")
+    assert catalog.family_of_series("vllm:not_a_family_total") is None

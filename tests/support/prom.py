@@ -354,6 +354,13 @@ class PrometheusServer:
             raise PrometheusError(f"{path}{query} failed (HTTP {r.status_code}): {detail}")
         return body["data"]
 
+    def label_values(self, label: str, match: str) -> list[str]:
+        """``/api/v1/label/{label}/values?match[]=...``: what Grafana's ``label_values`` runs."""
+        from urllib.parse import quote
+
+        values: list[str] = self._api(f"/api/v1/label/{label}/values?match[]={quote(match)}")
+        return values
+
     def _query_raw(self, expr: str, time: float | None) -> dict[str, Any]:
         data = {"query": expr}
         if time is not None:

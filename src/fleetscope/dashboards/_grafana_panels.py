@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fleetscope import catalog
+
 RATE = "$__rate_interval"
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -27,6 +29,15 @@ class _PanelSpec:
     max: float | None = None
 
 
+def _native(metric: str, engine: str) -> str:
+    """``engine``'s own name (no prefix) of a vLLM metric name, with its series suffix, from the
+    catalog: ``_native("num_requests_running", "sglang") == "num_running_reqs"``."""
+    suffix = "_total" if metric.endswith("_total") else ""
+    base = metric.removesuffix(suffix)
+    name = catalog.native_name("vllm:" + base, engine)
+    return name.split(":", 1)[1] + suffix
+
+
 class _Promql:
     """Builds the selectors and expressions, for one naming style and one role label."""
 
@@ -43,7 +54,10 @@ class _Promql:
 
     def sel(self, name: str, extra: str = "", *, filters: bool = True, engine: str = "vllm") -> str:
         """A selector for ``vllm:{name}`` (``sglang:`` with ``engine="sglang"``) with the
-        dashboard's filters and ``extra`` matchers."""
+        dashboard's filters and ``extra`` matchers. The family must be in the catalog: a name
+        an engine does not expose is a build error, not an empty panel."""
+        if catalog.family_of_series(f"{engine}:{name}") is None:
+            raise ValueError(f"the dashboard queries {engine}:{name}, which the catalog lacks")
         scope = self.filters if filters else ""
         matchers = [m for m in (self.name_matcher(name, engine), scope, extra) if m]
         head = ""
@@ -51,6 +65,17 @@ class _Promql:
             head = self.prefix if engine == "vllm" else "sglang" + self.prefix[-1]
             head += name
         return head + ("{" + ",".join(matchers) + "}" if matchers else "")
+
+    def any_engine(self, names: dict[str, str], extra: str = "") -> str:
+        """One selector matching ``{engine: name}`` over engines (``vllm:a`` or ``sglang:b``),
+        unfiltered: the template variables' probe, so a job serving only SGLang is listed."""
+        for engine, name in names.items():
+            if catalog.family_of_series(f"{engine}:{name}") is None:
+                raise ValueError(f"the dashboard queries {engine}:{name}, which the catalog lacks")
+        sep = "[:_]" if self.prefix is None else self.prefix[-1]
+        alternatives = "|".join(f"{engine}{sep}{name}" for engine, name in names.items())
+        matchers = [f'__name__=~"{alternatives}"'] + ([extra] if extra else [])
+        return "{" + ",".join(matchers) + "}"
 
     def rate(self, name: str, extra: str = "", engine: str = "vllm") -> str:
         return f"rate({self.sel(name, extra, engine=engine)}[{RATE}])"
@@ -119,33 +144,33 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
     hit_rate_engine = p.ratio(
         p.rate("prefix_cache_hits_total"), p.rate("prefix_cache_queries_total"), p.engine
     )
-    success = "request_success_total"
+    success = catalog.REQUEST_SUCCESS
     up_sel = "{" + p.filters + "}"
     fleet = [
         _PanelSpec(
             "KV cache usage",
             "Fraction of KV cache blocks in use: fleet mean, and the least and most loaded engine.",
             "percentunit",
-            p.gauge_mean_min_max("kv_cache_usage_perc"),
+            p.gauge_mean_min_max(catalog.KV_USAGE),
             max=1.0,
         ),
         _PanelSpec(
             "Preemptions / s",
             "Fleet total, and the engine preempting most (one engine out of KV shows here).",
             "ops",
-            p.counter_sum_tail("num_preemptions_total", "max"),
+            p.counter_sum_tail(catalog.PREEMPTIONS, "max"),
         ),
         _PanelSpec(
             "Running requests",
             "Requests in model execution batches: mean per engine, min and max engine.",
             "short",
-            p.gauge_mean_min_max("num_requests_running"),
+            p.gauge_mean_min_max(catalog.RUNNING),
         ),
         _PanelSpec(
             "Waiting requests",
             "Requests waiting to be scheduled: mean per engine, min and max engine.",
             "short",
-            p.gauge_mean_min_max("num_requests_waiting"),
+            p.gauge_mean_min_max(catalog.WAITING),
         ),
         _PanelSpec(
             "Prefix cache hit rate",
@@ -164,7 +189,7 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
             "stalled decode engine).",
             "short",
             p.counter_sum_tail(
-                "generation_tokens_total",
+                catalog.GENERATION_TOKENS,
                 "min",
                 tail_extra=f'{r}!="prefill"',
                 tail_legend=f"min engine {{{{{r}}}}} (no prefill)",
@@ -174,7 +199,7 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
             "Prompt tokens / s",
             "Fleet total, and the engine processing most prompt tokens.",
             "short",
-            p.counter_sum_tail("prompt_tokens_total", "max"),
+            p.counter_sum_tail(catalog.PROMPT_TOKENS, "max"),
         ),
     ]
     latency = [
@@ -182,25 +207,25 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
             "Time to first token",
             "TTFT quantiles from pooled bucket rates, and the mean (sum / count).",
             "s",
-            p.latency("time_to_first_token_seconds"),
+            p.latency(catalog.TTFT),
         ),
         _PanelSpec(
             "Time per output token (per request)",
             "TPOT per request: quantiles and mean.",
             "s",
-            p.latency("request_time_per_output_token_seconds"),
+            p.latency(catalog.TPOT),
         ),
         _PanelSpec(
             "Inter-token latency",
             "ITL quantiles and mean.",
             "s",
-            p.latency("inter_token_latency_seconds"),
+            p.latency(catalog.ITL),
         ),
         _PanelSpec(
             "End-to-end request latency",
             "E2E latency quantiles and mean.",
             "s",
-            p.latency("e2e_request_latency_seconds"),
+            p.latency(catalog.E2E),
         ),
     ]
     requests = [
@@ -244,7 +269,7 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
             "short",
             (
                 _Query(
-                    f"count by ({r}) ({p.sel('kv_cache_usage_perc')})",
+                    f"count by ({r}) ({p.sel(catalog.KV_USAGE)})",
                     f"engines {{{{{r}}}}}",
                 ),
             ),

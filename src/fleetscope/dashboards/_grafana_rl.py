@@ -83,33 +83,40 @@ def _rate() -> str:
 
 
 def sglang_row(p: _Promql) -> list[_PanelSpec]:
-    from fleetscope.dashboards._grafana_panels import _PanelSpec, _Query
+    from fleetscope import catalog
+    from fleetscope.dashboards._grafana_panels import _native, _PanelSpec, _Query
 
     r = p.role
 
-    def sel(name: str) -> str:
-        return p.sel(name, engine="sglang")
+    def sel(metric: str) -> str:  # SGLang's own name of a vLLM metric, from the catalog
+        return p.sel(_native(metric, "sglang"), engine="sglang")
 
-    def rate(name: str) -> str:
-        return p.rate(name, engine="sglang")
+    def rate(metric: str) -> str:
+        return p.rate(_native(metric, "sglang"), engine="sglang")
 
+    def latency(metric: str) -> tuple[_Query, ...]:
+        return p.latency(_native(metric, "sglang"), engine="sglang")
+
+    running, queued = catalog.RUNNING, catalog.WAITING
     return [
         _PanelSpec(
             "SGLang: running and queued requests",
-            "sglang:num_running_reqs and num_queue_reqs, summed per role.",
+            f"sglang:{_native(running, 'sglang')} and {_native(queued, 'sglang')}, summed per "
+            "role.",
             "short",
             (
-                _Query(f"sum by ({r}) ({sel('num_running_reqs')})", f"running {{{{{r}}}}}"),
-                _Query(f"sum by ({r}) ({sel('num_queue_reqs')})", f"queued {{{{{r}}}}}"),
+                _Query(f"sum by ({r}) ({sel(running)})", f"running {{{{{r}}}}}"),
+                _Query(f"sum by ({r}) ({sel(queued)})", f"queued {{{{{r}}}}}"),
             ),
         ),
         _PanelSpec(
             "SGLang: KV token usage",
-            "sglang:token_usage: mean and the fullest engine.",
+            f"sglang:{_native(catalog.KV_USAGE, 'sglang')} (used share of the full-attention "
+            "KV pool, vLLM's kv_cache_usage_perc): mean and the fullest engine.",
             "percentunit",
             (
-                _Query(f"avg by ({r}) ({sel('token_usage')})", f"mean {{{{{r}}}}}"),
-                _Query(f"max by ({r}) ({sel('token_usage')})", f"max engine {{{{{r}}}}}"),
+                _Query(f"avg by ({r}) ({sel(catalog.KV_USAGE)})", f"mean {{{{{r}}}}}"),
+                _Query(f"max by ({r}) ({sel(catalog.KV_USAGE)})", f"max engine {{{{{r}}}}}"),
             ),
             max=1.0,
         ),
@@ -119,21 +126,21 @@ def sglang_row(p: _Promql) -> list[_PanelSpec]:
             "short",
             (
                 _Query(
-                    f"sum by ({r}) ({rate('generation_tokens_total')})", f"generation {{{{{r}}}}}"
+                    f"sum by ({r}) ({rate(catalog.GENERATION_TOKENS)})", f"generation {{{{{r}}}}}"
                 ),
-                _Query(f"sum by ({r}) ({rate('prompt_tokens_total')})", f"prompt {{{{{r}}}}}"),
+                _Query(f"sum by ({r}) ({rate(catalog.PROMPT_TOKENS)})", f"prompt {{{{{r}}}}}"),
             ),
         ),
         _PanelSpec(
             "SGLang: time to first token",
             "TTFT quantiles from pooled bucket rates, and the mean.",
             "s",
-            p.latency("time_to_first_token_seconds", engine="sglang"),
+            latency(catalog.TTFT),
         ),
         _PanelSpec(
             "SGLang: end-to-end request latency",
             "E2E latency quantiles and mean.",
             "s",
-            p.latency("e2e_request_latency_seconds", engine="sglang"),
+            latency(catalog.E2E),
         ),
     ]

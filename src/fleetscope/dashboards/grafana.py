@@ -49,9 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleetscope import catalog
 from fleetscope.dashboards._grafana_panels import QUANTILES as QUANTILES
 from fleetscope.dashboards._grafana_panels import RATE as RATE
-from fleetscope.dashboards._grafana_panels import _panel_rows, _Promql
+from fleetscope.dashboards._grafana_panels import _native, _panel_rows, _Promql
 
 __all__ = [
     "DEFAULT_TITLE",
@@ -143,9 +144,10 @@ def build_dashboard(
         ds = dm.DataSourceRef(type_val="prometheus", uid=datasource)
 
     promql = _Promql(metric_prefix, role_label, "job", "role")
-    # variables list the jobs / roles that have vLLM series, not every scrape job
-    job_probe = promql.sel("num_requests_running", filters=False)
-    role_probe = promql.sel("num_requests_running", 'job=~"$job"', filters=False)
+    # variables list the jobs / roles that serve vLLM or SGLang, not every scrape job
+    running = {e: _native(catalog.RUNNING, e) for e in ("vllm", "sglang")}
+    job_probe = promql.any_engine(running)
+    role_probe = promql.any_engine(running, 'job=~"$job"')
     builder = (
         db.Dashboard(title)
         .uid(uid)

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fleetscope import catalog
 from fleetscope.health import CONDITIONS
 
 SECTION_NAME = "Inference"
@@ -76,17 +77,18 @@ def _q(metric: str) -> tuple[str, ...]:
     return tuple(f"{metric}/{q}" for q in ("p50", "p90", "p99"))
 
 
-_KV = "kv_cache_usage_perc"
-_PRE = "num_preemptions_total:rate"
-_RUN = "num_requests_running"
-_WAIT = "num_requests_waiting"
-_HIT = "prefix_cache_hit_rate"
-_GEN = "generation_tokens_total:rate"
-_PROMPT = "prompt_tokens_total:rate"
-_TTFT = "time_to_first_token_seconds"
-_TPOT = "request_time_per_output_token_seconds"
-_ITL = "inter_token_latency_seconds"
-_TRUNC = "length_finished_share"
+# the metric names come from the catalog (an SGLang engine's are parsed under the same names)
+_KV = catalog.KV_USAGE
+_PRE = catalog.PREEMPTION_RATE
+_RUN = catalog.RUNNING
+_WAIT = catalog.WAITING
+_HIT = catalog.PREFIX_HIT_RATE
+_GEN = catalog.GENERATION_RATE
+_PROMPT = catalog.PROMPT_RATE
+_TTFT = catalog.TTFT
+_TPOT = catalog.TPOT
+_ITL = catalog.ITL
+_TRUNC = catalog.LENGTH_SHARE
 
 _SPECS: tuple[_Spec, ...] = (
     _Spec(

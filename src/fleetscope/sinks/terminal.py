@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from fleetscope import catalog
 from fleetscope.identity import endpoint_of
 from fleetscope.sinks.base import Value
 
@@ -114,13 +115,13 @@ def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[Eng
                 role or "-",
                 status,
                 sev,
-                _f(m, "num_requests_running"),
-                _f(m, "num_requests_waiting"),
-                _f(m, "kv_cache_usage_perc"),
-                _f(m, "generation_tokens_total:rate"),
-                _f(m, "prompt_tokens_total:rate"),
-                _f(m, "prefix_cache_hit_rate"),
-                _f(m, "time_to_first_token_seconds:mean"),
+                _f(m, catalog.RUNNING),
+                _f(m, catalog.WAITING),
+                _f(m, catalog.KV_USAGE),
+                _f(m, catalog.GENERATION_RATE),
+                _f(m, catalog.PROMPT_RATE),
+                _f(m, catalog.PREFIX_HIT_RATE),
+                _f(m, catalog.TTFT + ":mean"),
                 **_rl_cells(result, endpoint_of(eid), eid),
             )
         )
@@ -138,15 +139,15 @@ def engine_rows(result: PollResult, roles: Mapping[str, str | None]) -> list[Eng
 # (metric, stat) of the fleet-wide scope that the terminal's run summary shows
 SUMMARY_HEADLINES: frozenset[tuple[str, str]] = frozenset(
     {
-        ("generation_tokens_total", "delta"),
-        ("prompt_tokens_total", "delta"),
-        ("request_success_total", "delta"),
-        ("num_preemptions_total", "delta"),
-        ("generation_tokens_total:rate", "sum"),
-        ("prompt_tokens_total:rate", "sum"),
-        ("prefix_cache_hit_rate", "pooled"),
-        ("time_to_first_token_seconds", "p90"),
-        ("request_time_per_output_token_seconds", "p90"),
+        (catalog.GENERATION_TOKENS, "delta"),
+        (catalog.PROMPT_TOKENS, "delta"),
+        (catalog.REQUEST_SUCCESS, "delta"),
+        (catalog.PREEMPTIONS, "delta"),
+        (catalog.GENERATION_RATE, "sum"),
+        (catalog.PROMPT_RATE, "sum"),
+        (catalog.PREFIX_HIT_RATE, "pooled"),
+        (catalog.TTFT, "p90"),
+        (catalog.TPOT, "p90"),
     }
 )
 
