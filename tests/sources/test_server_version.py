@@ -193,3 +193,61 @@ def test_unusable_answers_are_no_version(payload):
 
     asyncio.run(main())
     assert sv.version("s") is None and sv._probes["s"].settled
+
+
+def test_an_idle_multiprocess_vllm_server_is_not_judged_until_it_served():
+    """A real DP=2 vLLM 0.32 body before any request: the counters exist at 0 but the engines'
+    per-step gauges (running, waiting, KV usage) appear only once they stepped. No warning
+    then; once tokens were generated, a missing gauge is warned about."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"version": "0.32.0"})
+
+    idle = (DATA / "real-vllm" / "dp2_idle.prom").read_text()
+    assert "\nvllm:num_requests_running{" not in idle and "vllm:generation_tokens_total" in idle
+    after = (DATA / "real-vllm" / "dp2_after.prom").read_text()
+    cut = "\n".join(ln for ln in after.split("\n") if "vllm:num_requests_waiting" not in ln)
+    warn = Recorder()
+    sv = ServerVersions(warn, deadline=5.0)
+    ep = Endpoint("http://a:1", name="dp")
+
+    async def main() -> None:
+        client = _client(handler)
+        await _settle(sv, ep, idle, client)
+        for _ in range(JUDGE_BODIES + 5):
+            sv.start(lambda: client, [ep], [_result("dp", idle)])  # type: ignore[arg-type]
+        assert warn.calls == [] and sv._probes["dp"].judged is False
+        for _ in range(JUDGE_BODIES):
+            sv.start(lambda: client, [ep], [_result("dp", cut)])  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    (call,) = [c for c in warn.calls if c[1] == "catalog"]
+    assert "vllm:num_requests_waiting" in call[2] and "num_requests_running" not in call[2]
+
+
+def test_an_sglang_prefill_server_is_not_expected_to_record_first_tokens():
+    """SGLang's prefill server of a P/D pair records no TTFT (the decode server does): its
+    complete body is judged without a warning, the decode server's too."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/server_info":
+            return httpx.Response(200, json={"version": "0.5.23"})
+        return httpx.Response(404)
+
+    warn = Recorder()
+    sv = ServerVersions(warn, deadline=5.0)
+    bodies = {n: (SG / f"pd_{n}_after.prom").read_text() for n in ("prefill", "decode")}
+    assert "sglang:time_to_first_token_seconds_count" not in bodies["prefill"]
+    eps = [Endpoint(f"http://{n}:1", name=n) for n in bodies]
+
+    async def main() -> None:
+        client = _client(handler)
+        for ep in eps:
+            await _settle(sv, ep, bodies[ep.name], client)
+        for _ in range(JUDGE_BODIES):
+            results = [_result(n, b) for n, b in bodies.items()]
+            sv.start(lambda: client, eps, results)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert warn.calls == []
+    assert all(sv._probes[n].judged for n in bodies)

@@ -63,9 +63,6 @@ HEADLINE_FAMILIES: tuple[str, ...] = (
     "vllm:" + PROMPT_RATE.removesuffix("_total:rate"),
     _TIME_TO_FIRST_TOKEN,
 )
-#: families whose presence shows that the server has served requests (SGLang creates its
-#: tokenizer's children on first use)
-_TRAFFIC = ("vllm:generation_tokens", _TIME_TO_FIRST_TOKEN)
 
 _VERSION_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+\-_]{0,63}")
 
@@ -123,6 +120,41 @@ def body_families(expo: Exposition) -> set[str]:
                 break
         out.add(name.removesuffix("_total"))
     return out
+
+
+_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
+
+
+def sampled_families(expo: Exposition) -> set[str]:
+    """Parsed (canonical) base names of the families with at least one sample in the body."""
+    out = set()
+    for snap in (*expo.values(), expo.endpoint):
+        if snap is None:
+            continue
+        for series, i in snap.layout.index.items():
+            if snap.data[i] != snap.data[i]:  # NaN: a gauge missing from this scrape
+                continue
+            name = series.split("{", 1)[0]
+            for suffix in _SUFFIXES:
+                if name.endswith(suffix):
+                    name = name[: -len(suffix)]
+                    break
+            out.add(name)
+    return out
+
+
+_GENERATED = "vllm:generation_tokens_total"  # SGLang's counter is parsed under this name
+
+
+def served(expo: Exposition) -> bool:
+    """Whether the body shows generated tokens (a server that has served requests)."""
+    for snap in (*expo.values(), expo.endpoint):
+        if snap is None:
+            continue
+        for series, i in snap.layout.index.items():
+            if series.startswith(_GENERATED) and snap.data[i] > 0:
+                return True
+    return False
 
 
 def engine_kind(names: Iterable[str]) -> str | None:
@@ -244,19 +276,23 @@ class ServerVersions:
     def _observe(self, name: str, p: _Probe, expo: Exposition) -> None:
         if p.judged:
             return
-        names = body_families(expo)
-        p.kind = engine_kind(names) or p.kind
-        if not p.settled:
+        p.kind = engine_kind(body_families(expo)) or p.kind
+        # the counters exist at 0 before the first request, while a multiprocess server's
+        # per-step gauges (and SGLang's tokenizer families) appear only once it served: only
+        # bodies that show generated tokens are judged, on the families that have samples
+        if not p.settled or not served(expo):
             return
-        p.seen |= names
+        p.seen |= sampled_families(expo)
+        p.bodies += 1
         expected = expected_families(p.kind, p.version) if p.kind else {}
-        traffic = all(any(n in p.seen for n in expected.get(t, (t,))) for t in _TRAFFIC)
-        if traffic:
-            p.bodies += 1
+        roles = set(expo.engine_roles.values())
+        if roles == {"prefill"}:  # SGLang's prefill server records no first token
+            expected.pop(_TIME_TO_FIRST_TOKEN, None)
         if not expected or p.bodies < JUDGE_BODIES:
             return
         p.judged = True
-        missing = [" / ".join(alts) for alts in expected.values() if not p.seen & set(alts)]
+        # a headline metric is served when any of its names (parsed as it) has samples
+        missing = [" / ".join(alts) for c, alts in expected.items() if c not in p.seen]
         p.seen = set()
         if missing:
             self._missing(name, p, missing)
