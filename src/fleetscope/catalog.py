@@ -200,6 +200,11 @@ GENERATION_RATE = GENERATION_TOKENS + ":rate"
 PROMPT_RATE = PROMPT_TOKENS + ":rate"
 PREEMPTION_RATE = PREEMPTIONS + ":rate"
 KV_CAPACITY_TOKENS = "kv_cache_capacity_tokens"
+#: tokens/s an engine decodes, counted as they are generated: SGLang counts its
+#: ``generation_tokens_total`` when a request finishes (tokenizer side; one counter per server
+#: with DP > 1), its scheduler counts ``realtime_tokens_total{mode="decode"}`` per engine per
+#: log interval; vLLM's generation counter is per engine and per step. First present wins.
+DECODE_RATES: tuple[str, ...] = ("realtime_tokens_total{mode=decode}:rate", GENERATION_RATE)
 PREFIX_HIT_RATE = "prefix_cache_hit_rate"
 LENGTH_SHARE = "length_finished_share"
 TTFT = "time_to_first_token_seconds"

@@ -47,7 +47,7 @@ CONDITIONS: tuple[str, ...] = (
 # the per-engine columns the conditions read
 _READ = (
     catalog.RUNNING,
-    catalog.GENERATION_RATE,
+    *catalog.DECODE_RATES,
     catalog.KV_USAGE,
     catalog.WAITING,
     catalog.PREEMPTION_RATE,
@@ -103,7 +103,7 @@ class HealthMonitor:
             interval = seconds.get(eid, 0.0)  # 0 for a baseline-only first observation
             fresh = interval > 0
             running = m.get(catalog.RUNNING)
-            gen = m.get(catalog.GENERATION_RATE)
+            gen = next((m[k] for k in catalog.DECODE_RATES if m.get(k) is not None), None)
             if (
                 fresh
                 and role != "prefill"

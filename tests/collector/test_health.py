@@ -409,3 +409,38 @@ def test_streaks_need_their_seconds_too() -> None:
     seen = [evaluate(default, 0.99, 10.0 + i, 5.0) for i in range(6)]
     assert next(i for i, c in enumerate(seen) if "kv_cache_near_full" in c) == 1
     assert next(i for i, c in enumerate(seen) if "queue_growing" in c) == 4
+
+
+def _sglang_replay(path: str, decode_growth: float, times=(0.0, 20.0, 40.0)) -> list[list]:
+    """A real SGLang 0.5.23 body replayed at ``times``: its tokenizer counters unchanged (long
+    requests, none finished: SGLang counts generation tokens when a request finishes), its
+    scheduler's decode counter grown by ``decode_growth`` per replay."""
+    from conftest import DATA
+    from fleetscope.exposition import Parser
+    from fleetscope.fleet import FleetState
+    from fleetscope.sources.base import ScrapeResult
+
+    body = (DATA / "sglang-0.5.23" / path).read_text()
+    decode = re.compile(r'^(sglang:realtime_tokens_total\{.*mode="decode".*\}) (\S+)$', re.M)
+    state, parser, monitor = FleetState(), Parser(), HealthMonitor()
+    out = []
+    for n, t in enumerate(times):
+        text = decode.sub(lambda m, n=n: f"{m[1]} {float(m[2]) + n * decode_growth!r}", body)
+        expo = parser.parse(text, time=t, wall_time=1e9 + t)
+        result = state.observe([ScrapeResult("sg", expo, t, 1e9 + t)])
+        out.append(monitor.evaluate(result, {}))
+    return out
+
+
+@pytest.mark.inline_only  # no collector: the monitor on parsed real bodies
+@pytest.mark.parametrize("path", ["single_after.prom", "dp2_after.prom"])
+def test_an_sglang_engine_decoding_long_requests_is_not_stalled(path: str) -> None:
+    """SGLang's generation counter moves only when a request finishes; its scheduler's decode
+    counter moves per engine as tokens are made. Health judges stalls on the latter (DP > 1
+    too, where the generation counter is the server's, not an engine's)."""
+    polls = _sglang_replay(path, decode_growth=500.0)
+    assert not [e for events in polls for e in events if e.condition == "generation_stalled"]
+    # nothing decoded at all for 40 s with requests running: stalled, per engine
+    polls = _sglang_replay(path, decode_growth=0.0)
+    stalled = {e.subject for e in polls[-1] if e.condition == "generation_stalled"}
+    assert stalled == ({"sg.0"} if path.startswith("single") else {"sg.0", "sg.1"})

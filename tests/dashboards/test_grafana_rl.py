@@ -35,6 +35,9 @@ RATE = "5s"
 BODIES = {
     "vllm": DATA / "real-vllm-rl" / "single" / "41_final.prom",
     "sglang": DATA / "sglang-0.5.23" / "dp2_after.prom",
+    # every scheduler rank exports (--enable-metrics-for-all-schedulers), and a prefill server
+    "sglang_tp": DATA / "sglang-0.5.23" / "all_tp_ranks_after.prom",
+    "sglang_prefill": DATA / "sglang-0.5.23" / "pd_prefill_after.prom",
 }
 TARGETS: list[str] = []  # the module's Prometheus targets (vLLM, SGLang)
 _CUMULATIVE = re.compile(r"^(\S+?(?:_total|_count|_bucket|_sum)(?:\{.*\})?) (\S+)$")
@@ -166,3 +169,27 @@ def test_every_queried_name_is_in_the_catalog() -> None:
 
     with pytest.raises(ValueError, match="catalog"):
         _Promql(None, "role", "job", "role").sel("num_requests_runnin")
+
+
+def test_sglang_gauges_count_each_engine_once_and_split_by_engine_type(prom) -> None:
+    """Rank repeats are not summed (rank 0 kept, as the parser keeps it) and SGLang's own
+    ``engine_type`` splits the lines: the running-requests panel equals fleetscope's parse of
+    the same bodies (whose rank rule is tested against SGLang's driven truth)."""
+    from fleetscope.exposition import Parser
+
+    p, t = prom
+    rows = row_exprs(build_dashboard())["SGLang"]
+    running = next(e for e in rows if "num_running_reqs" in e)
+    got = {
+        r["metric"]["engine_type"]: r["value"]
+        for r in p.query(substitute_variables(running, RATE), t)
+    }
+    want: dict[str, float] = {}
+    for key in ("sglang", "sglang_tp", "sglang_prefill"):
+        expo = Parser().parse(BODIES[key].read_text())
+        for label, snap in expo.items():
+            role = expo.engine_roles.get(label, "unified")
+            want[role] = want.get(role, 0.0) + snap["vllm:num_requests_running"]
+    assert got == want and set(got) == {"unified", "prefill"}
+    tp = Parser().parse(BODIES["sglang_tp"].read_text())
+    assert 'tp_rank="1"' in BODIES["sglang_tp"].read_text() and len(tp) == 1

@@ -29,6 +29,9 @@ class _PanelSpec:
     max: float | None = None
 
 
+_SGLANG_RANK_0 = ",".join(f'{label}=~"|0"' for label in catalog.SGLANG_RANK_LABELS)
+
+
 def _native(metric: str, engine: str) -> str:
     """``engine``'s own name (no prefix) of a vLLM metric name, with its series suffix, from the
     catalog: ``_native("num_requests_running", "sglang") == "num_running_reqs"``."""
@@ -59,7 +62,10 @@ class _Promql:
         if catalog.family_of_series(f"{engine}:{name}") is None:
             raise ValueError(f"the dashboard queries {engine}:{name}, which the catalog lacks")
         scope = self.filters if filters else ""
-        matchers = [m for m in (self.name_matcher(name, engine), scope, extra) if m]
+        # SGLang with --enable-metrics-for-all-schedulers repeats each scheduler series per
+        # rank: keep the lowest (rank 0), as fleetscope's parser does; "" matches rank-less ones
+        ranks = _SGLANG_RANK_0 if engine == "sglang" else ""
+        matchers = [m for m in (self.name_matcher(name, engine), scope, ranks, extra) if m]
         head = ""
         if self.prefix is not None:  # an exact prefix: SGLang's takes the same separator
             head = self.prefix if engine == "vllm" else "sglang" + self.prefix[-1]

@@ -86,7 +86,10 @@ def sglang_row(p: _Promql) -> list[_PanelSpec]:
     from fleetscope import catalog
     from fleetscope.dashboards._grafana_panels import _native, _PanelSpec, _Query
 
-    r = p.role
+    # SGLang says its own role (engine_type: prefill / decode / unified): split by it as well
+    # as by the target's role label, so P/D SGLang fleets need no scrape labels
+    r = f"{p.role}, {catalog.SGLANG_ROLE_LABEL}"
+    lg = f"{{{{{p.role}}}}} {{{{{catalog.SGLANG_ROLE_LABEL}}}}}"
 
     def sel(metric: str) -> str:  # SGLang's own name of a vLLM metric, from the catalog
         return p.sel(_native(metric, "sglang"), engine="sglang")
@@ -95,18 +98,18 @@ def sglang_row(p: _Promql) -> list[_PanelSpec]:
         return p.rate(_native(metric, "sglang"), engine="sglang")
 
     def latency(metric: str) -> tuple[_Query, ...]:
-        return p.latency(_native(metric, "sglang"), engine="sglang")
+        return p.latency(_native(metric, "sglang"), by=catalog.SGLANG_ROLE_LABEL, engine="sglang")
 
     running, queued = catalog.RUNNING, catalog.WAITING
     return [
         _PanelSpec(
             "SGLang: running and queued requests",
             f"sglang:{_native(running, 'sglang')} and {_native(queued, 'sglang')}, summed per "
-            "role.",
+            "role (rank 0 of each engine: other ranks repeat it).",
             "short",
             (
-                _Query(f"sum by ({r}) ({sel(running)})", f"running {{{{{r}}}}}"),
-                _Query(f"sum by ({r}) ({sel(queued)})", f"queued {{{{{r}}}}}"),
+                _Query(f"sum by ({r}) ({sel(running)})", f"running {lg}"),
+                _Query(f"sum by ({r}) ({sel(queued)})", f"queued {lg}"),
             ),
         ),
         _PanelSpec(
@@ -115,20 +118,19 @@ def sglang_row(p: _Promql) -> list[_PanelSpec]:
             "KV pool, vLLM's kv_cache_usage_perc): mean and the fullest engine.",
             "percentunit",
             (
-                _Query(f"avg by ({r}) ({sel(catalog.KV_USAGE)})", f"mean {{{{{r}}}}}"),
-                _Query(f"max by ({r}) ({sel(catalog.KV_USAGE)})", f"max engine {{{{{r}}}}}"),
+                _Query(f"avg by ({r}) ({sel(catalog.KV_USAGE)})", f"mean {lg}"),
+                _Query(f"max by ({r}) ({sel(catalog.KV_USAGE)})", f"max engine {lg}"),
             ),
             max=1.0,
         ),
         _PanelSpec(
             "SGLang: tokens / s",
-            "Generation and prompt tokens per second, fleet totals per role.",
+            "Generation and prompt tokens per second (counted as requests finish), fleet totals "
+            "per role.",
             "short",
             (
-                _Query(
-                    f"sum by ({r}) ({rate(catalog.GENERATION_TOKENS)})", f"generation {{{{{r}}}}}"
-                ),
-                _Query(f"sum by ({r}) ({rate(catalog.PROMPT_TOKENS)})", f"prompt {{{{{r}}}}}"),
+                _Query(f"sum by ({r}) ({rate(catalog.GENERATION_TOKENS)})", f"generation {lg}"),
+                _Query(f"sum by ({r}) ({rate(catalog.PROMPT_TOKENS)})", f"prompt {lg}"),
             ),
         ),
         _PanelSpec(
