@@ -5,9 +5,12 @@ names fleetscope maps), with its type, unit, labels, the labels kept as breakdow
 vLLM 0.32 name it maps to. The parser's renames (:func:`canonical_family`), the per-family
 breakdowns, which labels name an engine, Ray's rewriting, the families the collector reads for
 admission control and role discovery, the derived ratios and how per-engine metric names are
-formed are all read from here. The parser, the statistics, the view and the health checks read
-these tables; no other module spells an engine's family name. docs/sglang.md explains the SGLang
-rows (what each gauge measures, tp/dp handling, what is not mapped and why).
+formed are all read from here. The parser, the statistics, the view, the health checks, the
+keys, the terminal and both dashboards read these tables and the metric-name constants below
+(the Grafana dashboard also checks every name it queries against the table, and takes SGLang's
+names from its mapping: :func:`native_name`). The simulator keeps its own family definitions,
+tested row by row against this table. docs/sglang.md explains the SGLang rows (what each gauge
+measures, tp/dp handling, what is not mapped and why).
 """
 
 from __future__ import annotations

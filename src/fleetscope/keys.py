@@ -218,16 +218,16 @@ def compact_engine_column(column: str, kinds: Mapping[str, str]) -> bool:
 CORE_SCOPES = ("agg", "prefill", "decode")
 # what a user-defined scope keeps when every stat of every scope would not fit the budget
 GROUP_HEADLINES: dict[str, tuple[str, ...]] = {
-    "kv_cache_usage_perc": ("mean", "max"),
-    "num_requests_running": ("sum",),
-    "num_requests_waiting": ("sum",),
-    "generation_tokens_total": ("delta",),
-    "generation_tokens_total:rate": ("sum", "min"),
-    "prompt_tokens_total:rate": ("sum",),
-    "num_preemptions_total:rate": ("sum",),
-    "prefix_cache_hit_rate": ("pooled",),
-    "time_to_first_token_seconds": ("p90",),
-    "time_to_first_token_seconds:mean": ("pooled",),
+    catalog.KV_USAGE: ("mean", "max"),
+    catalog.RUNNING: ("sum",),
+    catalog.WAITING: ("sum",),
+    catalog.GENERATION_TOKENS: ("delta",),
+    catalog.GENERATION_RATE: ("sum", "min"),
+    catalog.PROMPT_RATE: ("sum",),
+    catalog.PREEMPTION_RATE: ("sum",),
+    catalog.PREFIX_HIT_RATE: ("pooled",),
+    catalog.TTFT: ("p90",),
+    catalog.TTFT + ":mean": ("pooled",),
 }
 
 
@@ -460,9 +460,9 @@ def poll_keys(stats: PollStats, options: KeyOptions = KeyOptions()) -> KeyDict:
 # ----------------------------------------------------------------------------- windows
 
 SKYRL_SUMMARY_TOTALS: dict[str, str] = {
-    "output_tokens_total": "generation_tokens_total",
-    "prompt_tokens_total": "prompt_tokens_total",
-    "preemptions_total": "num_preemptions_total",
+    "output_tokens_total": catalog.GENERATION_TOKENS,
+    "prompt_tokens_total": catalog.PROMPT_TOKENS,
+    "preemptions_total": catalog.PREEMPTIONS,
     "kv_offload_store_bytes_total": "kv_offload_store_bytes_total",
     "kv_offload_load_bytes_total": "kv_offload_load_bytes_total",
 }

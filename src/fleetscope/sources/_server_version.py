@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING
 
 from fleetscope.catalog import (
     FAMILIES,
-    GENERATION_RATE,
+    GENERATION_TOKENS,
     KV_USAGE,
-    PROMPT_RATE,
+    PROMPT_TOKENS,
     RAY_PREFIXES,
     RUNNING,
+    TTFT,
     WAITING,
     Family,
 )
@@ -54,13 +55,13 @@ JUDGE_BODIES = 3
 
 # headline metrics (canonical vLLM names) every engine kind must expose once it served
 # requests: what the view, the health checks and the headline keys read
-_TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+_TIME_TO_FIRST_TOKEN = "vllm:" + TTFT
 HEADLINE_FAMILIES: tuple[str, ...] = (
     "vllm:" + RUNNING,
     "vllm:" + WAITING,
     "vllm:" + KV_USAGE,
-    "vllm:" + GENERATION_RATE.removesuffix("_total:rate"),
-    "vllm:" + PROMPT_RATE.removesuffix("_total:rate"),
+    "vllm:" + GENERATION_TOKENS.removesuffix("_total"),
+    "vllm:" + PROMPT_TOKENS.removesuffix("_total"),
     _TIME_TO_FIRST_TOKEN,
 )
 
@@ -143,7 +144,7 @@ def sampled_families(expo: Exposition) -> set[str]:
     return out
 
 
-_GENERATED = "vllm:generation_tokens_total"  # SGLang's counter is parsed under this name
+_GENERATED = "vllm:" + GENERATION_TOKENS  # SGLang's counter is parsed under this name
 
 
 def served(expo: Exposition) -> bool:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetscope import catalog
 from fleetscope.snapshot import EngineLayout, EngineSnapshot
 
 # moved `_created` / dropped counters needed, as a share of the evidence, to call it a restart
@@ -38,7 +39,10 @@ RESTART_SHARE = 0.5
 CLOCK_SKEW = 1.0
 # counters an engine bumps on every request: two of them dropping is a restart, not two resets
 # (docs/bad-data.md "Restarts without start-time evidence")
-CORE_COUNTERS = frozenset({"vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"})
+CORE_COUNTERS = frozenset(
+    "vllm:" + name.removesuffix("_total")
+    for name in (catalog.PROMPT_TOKENS, catalog.GENERATION_TOKENS, catalog.REQUEST_SUCCESS)
+)
 
 
 @dataclass(frozen=True, slots=True)
