@@ -188,6 +188,13 @@ PREEMPTIONS_FAMILY = "vllm:num_preemptions"
 #: ``num_requests_waiting_reason_{reason}``
 WAITING_BY_REASON_FAMILY = "vllm:num_requests_waiting_by_reason"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+#: vLLM's engine-less operation histograms (RL weight updates, sleep mode; per ``operation``)
+#: -> their in-flight gauges: keyed per endpoint (fleetscope.endpoint_operations)
+RL_OPERATIONS = "vllm:rl_weight_update_operation_duration_seconds"
+OPERATION_FAMILIES: dict[str, str] = {
+    RL_OPERATIONS: "vllm:rl_weight_update_operations_in_flight",
+    "vllm:sleep_mode_operation_duration_seconds": "vllm:sleep_mode_operations_in_flight",
+}
 
 # metric names (after the ``vllm:`` prefix is stripped) the view, health, the terminal and the
 # dashboards read; an SGLang engine's equivalents are parsed under these names too

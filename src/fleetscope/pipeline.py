@@ -14,6 +14,7 @@ from typing import Any
 
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.config import CollectorConfig
+from fleetscope.endpoint_operations import operation_keys, poll_rows
 from fleetscope.fleet import FleetState
 from fleetscope.health import HealthMonitor, health_keys
 from fleetscope.identity import EngineId
@@ -85,6 +86,7 @@ class PollPipeline:
                 list(self.windows.active),
                 boundary=boundary,
             )
+            result.keys.update(operation_keys(poll_rows(result.inputs), self.prefix))
             result.keys.update(self.syncs.poll(result.inputs, result.time, self.prefix))
             result.keys.update(vkeys)
             result.keys.update(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fleetscope.endpoint_operations import accumulator_rows, operation_keys
 from fleetscope.keys import (
     KeyDict,
     KeyOptions,
@@ -36,7 +37,9 @@ def accumulator_keys(
     base = (summary_prefix(options) if summary else key_prefix(options)) + "/" + label
     if options.schema == "skyrl":
         return skyrl_interval_keys(stats, base, meta, summary=summary)
-    return interval_keys(stats, base, meta)
+    out = interval_keys(stats, base, meta)
+    out.update(operation_keys(accumulator_rows(acc.engines), base))
+    return out
 
 
 def summary_keys(run: Mapping[str, Accumulator], options: KeyOptions, status: str) -> KeyDict:

@@ -13,8 +13,9 @@ from datetime import datetime
 
 import pytest
 
-from conftest import DATA
+from conftest import DATA, bucket_values, promql_bucket_quantile, sample_values
 from fleetscope.catalog import BREAKDOWN_LABELS
+from fleetscope.endpoint_operations import operation_keys, poll_rows
 from fleetscope.exposition import Parser
 from fleetscope.fleet import FleetState, ScrapeResult
 
@@ -61,15 +62,25 @@ def _snapshot_wall(run: str, name: str) -> float:
     return start + snap["t"]
 
 
-def _observe(run: str) -> dict[str, float]:
+def _observe(run: str, *, operations: bool = False) -> dict[str, float]:
     state, parser = FleetState(), Parser()
     keys: dict[str, float] = {}
     for i, name in enumerate(RUNS[run]):
         body = (DATA / run / f"{name}.prom").read_text(encoding="utf-8")
         wall, t = _snapshot_wall(run, name), 100.0 * (i + 1)
         sc = ScrapeResult(run, parser.parse(body, time=t, wall_time=wall), t, wall)
-        keys = state.observe([sc]).keys
+        result = state.observe([sc])
+        keys = dict(result.keys)
+        if operations:  # what the collector's pipeline adds to every poll
+            keys.update(operation_keys(poll_rows(result.inputs), "inference"))
     return keys
+
+
+def _from_text(before: str, after: str, series: str) -> float:
+    """A cumulative sample's increase, read from the bodies' text (absent before: from 0)."""
+    pattern = "^" + series.replace("{", r"\{").replace("}", r"\}") + "$"
+    was = sample_values(before, pattern)
+    return sample_values(after, pattern)[0] - (was[0] if was else 0.0)
 
 
 def test_operation_is_a_breakdown_label():
@@ -127,3 +138,101 @@ def test_policy_versions_are_ordered_by_first_announcement():
     assert v.announced == ["b", "a"] and v.announced_at == [0.0, 1.0]
     with pytest.raises(TypeError):
         v.announce(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_per_endpoint_calls_seconds_and_quantiles_per_operation(run: str):
+    """Per endpoint and operation, every poll: the calls and seconds between the two scrapes
+    and p50/p90/p99 by PromQL's rules over the bucket increases, all read independently from
+    the recorded bodies' text; the fleet's exact seconds per operation too."""
+    keys = _observe(run, operations=True)
+    before, after = ((DATA / run / f"{n}.prom").read_text() for n in RUNS[run])
+    expected = _expected_counts(run)
+    for (family, op), n in expected.items():
+        child = f"{family}{{operation={op}}}"
+        head = f"inference/{run}/{child}"
+        label = f'operation="{op}"'
+        count = _from_text(before, after, f"vllm:{family}_count{{{label}}}")
+        seconds = _from_text(before, after, f"vllm:{family}_sum{{{label}}}")
+        assert keys[f"{head}/delta"] == count == n, child
+        assert keys[f"{head}_sum/delta"] == seconds, child
+        assert keys[f"inference/agg/{child}_sum/delta"] == seconds, child
+        now = bucket_values(after, f"vllm:{family}", label)
+        was = dict(bucket_values(before, f"vllm:{family}", label)) if label in before else {}
+        increase = [(le, c - was.get(le, 0.0)) for le, c in now]
+        for q in (0.5, 0.9, 0.99):
+            want = promql_bucket_quantile(q, increase)
+            assert keys[f"{head}/p{round(q * 100)}"] == pytest.approx(want, rel=1e-12), (child, q)
+    # never under an engine
+    assert not [k for k in keys if k.startswith(f"inference/{run}.") and "_sum/delta" in k]
+
+
+async def test_per_endpoint_operations_in_windows_and_the_run_summary() -> None:
+    """A window over weight updates on three endpoints (two roles): per endpoint and
+    operation the window and the run summary hold the calls and seconds the simulator
+    recorded, the in-flight gauge's time-weighted mean and peak; per role the exact seconds.
+    Updates before the window are in the summary only."""
+    import asyncio
+
+    from fleetscope.collector import Collector
+    from fleetscope.simulate import FleetServer, SimFleet
+    from fleetscope.sources.http import Endpoint
+
+    roles = {"server0": "decode", "server1": "decode", "server2": "prefill"}
+    fleet = SimFleet(seed=3)
+    for name, role in roles.items():
+        fleet.add_endpoint(dp=2 if name == "server1" else 1, name=name, role=role)
+    fleet.step(2.0)
+    server = FleetServer(fleet).start()
+    eps = [Endpoint(server.url(n), name=n, role=r) for n, r in roles.items()]
+    c = Collector(eps, interval=3600, timeout=5.0, fetch_model_info=False, discover_roles=False)
+    before = {"server0": 0.125}  # observed before the window: summary only
+    inside = {"server0": [0.25, 2.0], "server1": [0.5], "server2": [0.75, 0.05]}
+    try:
+        await c.poll()  # baselines
+        fleet.endpoint("server0").simulate_weight_update(None, {"update": before["server0"]})
+        fleet.step(1.0)
+        await c.poll()
+        w = c.window("train")
+        await w.astart()
+        for name, secs in inside.items():
+            for s in secs:
+                fleet.endpoint(name).simulate_weight_update(None, {"update": s})
+            fleet.endpoint(name).rl.set_in_flight("update", 1)
+        fleet.step(1.0)
+        await asyncio.sleep(0.01)
+        await c.poll()
+        for name in inside:
+            fleet.endpoint(name).rl.set_in_flight("update", 0)
+        fleet.step(1.0)
+        await asyncio.sleep(0.01)
+        await c.poll()
+        keys = await w.astop()
+        summary = c.summary()
+    finally:
+        await c.stop()
+        server.stop()
+    child = f"{RL}{{operation=update}}"
+    gauge = "rl_weight_update_operations_in_flight{operation=update}"
+    for name, secs in inside.items():
+        head = f"inference/train/{name}/{child}"
+        assert keys[f"{head}/delta"] == len(secs), name
+        assert keys[f"{head}_sum/delta"] == pytest.approx(sum(secs), rel=1e-12), name
+        assert keys[f"{head}/p99"] > 0
+        assert keys[f"inference/train/{name}/{gauge}/peak"] == 1.0
+        assert 0.0 < keys[f"inference/train/{name}/{gauge}/mean"] < 1.0  # up for part of it
+        run = f"inference_summary/combined/{name}/{child}"
+        assert summary[f"{run}/delta"] == len(secs) + int(name in before)
+        assert summary[f"{run}_sum/delta"] == pytest.approx(
+            sum(secs) + before.get(name, 0.0), rel=1e-12
+        )
+    for role in ("decode", "prefill"):
+        want = sum(sum(s) for n, s in inside.items() if roles[n] == role)
+        got = keys[f"inference/train/{role}/{child}_sum/delta"]
+        assert got == pytest.approx(want, rel=1e-12)
+    # the 2 s call is in server0's p99 bucket range, the 0.25 s call in its p50's
+    assert (
+        keys[f"inference/train/server0/{child}/p50"]
+        <= 1.0
+        < keys[f"inference/train/server0/{child}/p99"]
+    )
