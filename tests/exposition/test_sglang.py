@@ -237,6 +237,36 @@ def test_renames_inside_0_5():
     assert not sn.layout.histograms
 
 
+def test_the_0_5_2_queue_time_histogram_is_request_queue_time():
+    """SGLang 0.5.2 named its queue-time histogram ``queue_time_s``: parsed as vLLM's request
+    queue time, like 0.5.23's ``queue_time_seconds``; with both present, the current one wins."""
+    text = body("single_after.prom")
+    assert "sglang:queue_time_seconds_count" in text
+    native = parse(text)["0"]
+    old = parse(text.replace("sglang:queue_time_seconds", "sglang:queue_time_s"))["0"]
+    for suffix in ("_count", "_sum", '_bucket{le="+Inf"}'):
+        name = "vllm:request_queue_time_seconds" + suffix
+        assert old[name] == native[name] > 0, name
+    assert not [s for s in old if s.startswith("sglang:queue_time")]
+    both = (
+        text
+        + "# TYPE sglang:queue_time_s histogram\n"
+        + "\n".join(
+            line.replace("sglang:queue_time_seconds", "sglang:queue_time_s").replace(
+                line.rsplit(" ", 1)[-1], "999.0"
+            )
+            for line in text.split("\n")
+            if line.startswith("sglang:queue_time_seconds")
+        )
+        + "\n"
+    )
+    both = both.replace("# EOF\n", "")
+    assert (
+        parse(both)["0"]["vllm:request_queue_time_seconds_count"]
+        == native["vllm:request_queue_time_seconds_count"]
+    )
+
+
 def test_roles_from_engine_type():
     assert parse(body("pd_prefill_after.prom")).engine_roles == {"0": "prefill"}
     assert parse(body("pd_decode_after.prom")).engine_roles == {"0": "decode"}
