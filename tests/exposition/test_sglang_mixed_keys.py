@@ -14,11 +14,11 @@ import re
 from collections import defaultdict
 
 import pytest
+from test_sglang import _observe
 
 from conftest import DATA, VLLM_DIR, promql_bucket_quantile
 from fleetscope import catalog
 from fleetscope.stats.plans import metric_name
-from test_sglang import _observe
 
 SG = DATA / "sglang-0.5.23"
 SECONDS = 30.0
