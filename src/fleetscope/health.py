@@ -16,7 +16,12 @@ Evaluated on every poll's per-engine metrics, with thresholds you can set. Condi
 * ``scrape_failed`` — the endpoint did not answer with a valid exposition;
 * ``stale_version`` — the engine's endpoint still serves an older policy version
   ``stale_seconds`` after the trainer announced a newer one (judged by
-  :mod:`fleetscope.versions`, which knows the versions).
+  :mod:`fleetscope.versions`, which knows the versions);
+* ``engine_paused`` — the engine is paused or asleep for ``paused_seconds`` in a row while no
+  weight sync is open, i.e. while the trainer thinks it is generating (judged by
+  :mod:`fleetscope.rl_state`; the time inside a sync never counts).
+
+The RL conditions (``stale_version``, ``engine_paused``) are docs/rl-lifecycle.md §3.
 
 Pure logic with a little memory (streaks); the collector logs the counts as metrics
 (``inference/health/{condition}``) and the events as rate-limited warnings and sink events.

@@ -91,13 +91,17 @@ class PollPipeline:
             result.keys.update(vkeys)
             result.keys.update(
                 self.states.poll(
-                    result.inputs, self.prefix, list(self.windows.active), boundary=boundary
+                    result.inputs,
+                    self.prefix,
+                    list(self.windows.active),
+                    boundary=boundary,
+                    # open over this interval: a sync's entry poll ends the interval before it
+                    # (the sync opens after it), its exit poll the last interval inside it
+                    syncing=self.syncs.open_count > 0,
                 )
             )
             result.events.extend(vevents)
-            result.events.extend(
-                self.states.events(self._paused_seconds, syncing=self.syncs.open_count > 0)
-            )
+            result.events.extend(self.states.events(self._paused_seconds))
             result.keys.update(health_keys(result.events, self.prefix))
             self._info = endpoint_info(scrapes, self.versions, self.states, self._info)
             result.endpoint_info = self._info

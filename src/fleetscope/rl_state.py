@@ -18,6 +18,11 @@ for 10 s adds 20. An engine whose state is unknown (no answer, no gauge) adds to
 state nor the known seconds the shares divide by. A baseline (first scrape) covers no time.
 Boundary rows show the instant counts and hold their seconds for the next regular row; windows
 and the run summary get every interval exactly once.
+
+The ``engine_paused`` health condition counts, per engine, the paused-or-asleep seconds in a
+row of intervals with no weight sync open: an interval that ends at a poll while a sync is open
+(the sync's exit poll included) restarts the count from 0: the seconds of a sync never add to
+it, and a pause that outlasts a sync is counted from the sync's exit poll on.
 """
 
 from __future__ import annotations
@@ -126,11 +131,18 @@ class EngineStates:
         active_windows: Iterable[str],
         *,
         boundary: bool = False,
+        syncing: bool = False,
     ) -> dict[str, float]:
-        """One poll's keys; its engine-seconds go to every open window and run label."""
+        """One poll's keys; its engine-seconds go to every open window and run label.
+
+        ``syncing``: a weight sync was open over this poll's interval (the trainer paused the
+        engines on purpose): the ``engine_paused`` streaks restart from 0 instead of growing,
+        so they count only pauses with no sync open."""
         from fleetscope.windows import COMBINED, IDLE
 
         with self._lock:
+            if syncing:
+                self._streak.clear()
             sums: dict[str, list[float]] = {}
             counts: dict[
                 str, list[int]
@@ -150,7 +162,9 @@ class EngineStates:
                 if paused is None and asleep is None:
                     continue
                 secs = 0.0 if inp.delta.baseline_only else max(0.0, float(inp.delta.seconds))
-                if paused or asleep:
+                if syncing:
+                    pass  # a sync breaks the row: nothing accrues while one is open
+                elif paused or asleep:
                     self._streak[inp.engine_id] = self._streak.get(inp.engine_id, 0.0) + secs
                 else:
                     self._streak.pop(inp.engine_id, None)
@@ -194,11 +208,10 @@ class EngineStates:
                         keys[base + "sleeping_engine_seconds"] = s[1]
             return keys
 
-    def events(self, threshold: float, *, syncing: bool) -> list[HealthEvent]:
+    def events(self, threshold: float) -> list[HealthEvent]:
         """``engine_paused``: an engine paused or asleep ``threshold`` seconds in a row while no
-        weight sync is open, i.e. while the trainer thinks it is generating."""
-        if syncing:
-            return []
+        weight sync is open, i.e. while the trainer thinks it is generating (the streaks of
+        :meth:`poll` hold only such seconds: a sync restarts them)."""
         with self._lock:
             long = sorted((e, s) for e, s in self._streak.items() if s >= threshold)
         return [

@@ -11,9 +11,13 @@ doubling to 15 min) and the endpoint's version is then unknown.
 Per poll an engine is *stale* when its endpoint's latest answer names an announced version
 older than the trainer's current one, judged at the poll (the answer of this poll if it came
 in time, else the latest earlier one); its generated tokens of that poll's interval are stale
-tokens. A version that was never announced (vLLM's initial ``"default"``) is *unknown*. All
-token counts are exact sums of per-engine deltas of ``vllm:generation_tokens``. Weight syncs are in
-:mod:`fleetscope.weight_sync`.
+tokens. A version that was never announced (vLLM's initial ``"default"``), or no answer, is
+*unknown*. The stale share is over the tokens whose status is known (stale, current or ahead of
+the trainer): the tokens of unknown status (before the first announcement too) are reported
+beside it (``unknown_version_generation_tokens`` / ``_share``), never mixed into it. An engine
+ahead of the trainer (after a rollback) has a negative endpoint lag but is not stale: it counts
+0 in ``max_version_lag``. All token counts are exact sums of per-engine deltas of
+``vllm:generation_tokens``. Weight syncs are in :mod:`fleetscope.weight_sync`.
 
 Pure bookkeeping plus the probe's I/O; every method is thread-safe.
 """
@@ -100,15 +104,41 @@ def _endpoint_of(engine_id: str) -> str:
 
 @dataclass
 class _Sums:
+    """Generated tokens: of stale engines, of engines whose version was known (stale, current or
+    ahead), and of every engine (the rest: unknown version, or before the first announcement)."""
+
     stale: float = 0.0
+    known: float = 0.0
     total: float = 0.0
 
-    def add(self, stale: float, total: float) -> None:
+    def add(self, stale: float, known: float, total: float) -> None:
         self.stale += stale
+        self.known += known
         self.total += total
 
+    def merge(self, other: _Sums) -> None:
+        self.add(other.stale, other.known, other.total)
+
+    @property
+    def unknown(self) -> float:
+        return max(0.0, self.total - self.known)
+
     def share(self) -> float | None:
-        return self.stale / self.total if self.total > 0 else None
+        """Stale tokens over the tokens whose version status was known."""
+        return self.stale / self.known if self.known > 0 else None
+
+    def unknown_share(self) -> float | None:
+        """Tokens of unknown version status over every generated token."""
+        return self.unknown / self.total if self.total > 0 else None
+
+    def to_list(self) -> list[float]:
+        return [self.stale, self.known, self.total]
+
+    @classmethod
+    def from_list(cls, v: Sequence[Any]) -> _Sums:
+        if len(v) == 2:  # a checkpoint from before the known sums: every token counted known
+            return cls(float(v[0]), float(v[1]), float(v[1]))
+        return cls(float(v[0]), float(v[1]), float(v[2]))
 
 
 @dataclass
@@ -210,7 +240,7 @@ class PolicyVersions:
 
         with self._lock:
             engines = [i for i in inputs if i.is_engine]
-            total = stale = 0.0
+            total = known = stale = 0.0
             n_stale = n_unknown = 0
             lags: dict[str, int] = {}
             events: list[HealthEvent] = []
@@ -224,6 +254,7 @@ class PolicyVersions:
                 if idx is None:
                     n_unknown += 1
                     continue
+                known += tokens
                 lag = self.current - idx
                 lags[ep] = lag
                 if lag > 0:
@@ -241,16 +272,17 @@ class PolicyVersions:
                                 f"{self.announced[self.current]!r} for {since:.0f} s",
                             )
                         )
-            self.run.setdefault(COMBINED, _Sums()).add(stale, total)
+            sums = _Sums(stale, known, total)
+            self.run.setdefault(COMBINED, _Sums()).merge(sums)
             labels = list(active_windows)
             for label in labels:
-                self._open.setdefault(label, _Sums()).add(stale, total)
+                self._open.setdefault(label, _Sums()).merge(sums)
             if not labels:
-                self.run.setdefault(IDLE, _Sums()).add(stale, total)
+                self.run.setdefault(IDLE, _Sums()).merge(sums)
             if boundary:
-                self._held.add(stale, total)
+                self._held.merge(sums)
             else:
-                stale, total = stale + self._held.stale, total + self._held.total
+                sums.merge(self._held)
                 self._held = _Sums()
             if self.current is None:
                 return {}, []
@@ -259,12 +291,11 @@ class PolicyVersions:
                 p + "policy_version_index": float(self.current),
                 p + "engines_stale": float(n_stale),
                 p + "engines_unknown_version": float(n_unknown),
-                p + "max_version_lag": float(max(lags.values(), default=0)),
+                # an engine ahead of the trainer (after a rollback) is not stale: lag 0 here
+                p + "max_version_lag": float(max((max(0, g) for g in lags.values()), default=0)),
             }
             if not boundary:
-                keys[p + "stale_generation_tokens"] = stale
-                if total > 0:
-                    keys[p + "stale_generation_share"] = stale / total
+                keys.update(_token_keys(p, sums))
             for ep, lag in lags.items():
                 keys[f"{prefix}/{ep}/weight_version_lag"] = float(lag)
             return keys, events
@@ -279,7 +310,7 @@ class PolicyVersions:
             elif action == "stop":
                 sums = self._open.pop(label, None)
                 if sums is not None:
-                    self.run.setdefault(label, _Sums()).add(sums.stale, sums.total)
+                    self.run.setdefault(label, _Sums()).merge(sums)
                     self._last_stopped[label] = sums
 
     def window_keys(self, label: str, prefix: str) -> dict[str, float]:
@@ -308,8 +339,8 @@ class PolicyVersions:
             return {
                 "announced": list(self.announced),
                 "current": self.current,
-                "run": {k: [v.stale, v.total] for k, v in self.run.items()},
-                "open": {k: [v.stale, v.total] for k, v in self._open.items()},
+                "run": {k: v.to_list() for k, v in self.run.items()},
+                "open": {k: v.to_list() for k, v in self._open.items()},
             }
 
     def load_state_dict(self, state: Mapping[str, Any], now: float | None = None) -> None:
@@ -321,13 +352,24 @@ class PolicyVersions:
             self.announced_at = [now] * len(self.announced)
             cur = state.get("current")
             self.current = None if cur is None else int(cur)
-            self.run = {k: _Sums(float(s), float(t)) for k, (s, t) in state["run"].items()}
-            self._open = {k: _Sums(float(s), float(t)) for k, (s, t) in state["open"].items()}
+            self.run = {k: _Sums.from_list(v) for k, v in state["run"].items()}
+            self._open = {k: _Sums.from_list(v) for k, v in state["open"].items()}
+
+
+def _token_keys(base: str, sums: _Sums) -> dict[str, float]:
+    """Stale tokens and their share of the tokens of known version status; the tokens of
+    unknown status (and their share of every generated token) beside them."""
+    out = {
+        base + "stale_generation_tokens": sums.stale,
+        base + "unknown_version_generation_tokens": sums.unknown,
+    }
+    share, unknown_share = sums.share(), sums.unknown_share()
+    if share is not None:
+        out[base + "stale_generation_share"] = share
+    if unknown_share is not None:
+        out[base + "unknown_version_generation_share"] = unknown_share
+    return out
 
 
 def _share_keys(base: str, sums: _Sums) -> dict[str, float]:
-    out = {base + "stale_generation_tokens": sums.stale, base + "generation_tokens": sums.total}
-    share = sums.share()
-    if share is not None:
-        out[base + "stale_generation_share"] = share
-    return out
+    return {**_token_keys(base, sums), base + "generation_tokens": sums.total}

@@ -5,6 +5,7 @@ the installed entry point announces each new version and compares every server's
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -80,6 +81,51 @@ def test_watch_follows_the_policy_version_file(tmp_path: Path) -> None:
     assert summary["inference_summary/rl/policy_versions"] == 2
     before_v1 = [r for r in rows(out) if r.get("inference/rl/policy_version_index") == 0.0]
     assert before_v1 and all(r["inference/rl/engines_stale"] == 0 for r in before_v1)
+
+
+def test_watch_takes_the_rl_health_thresholds(tmp_path: Path) -> None:
+    """``--stale-seconds`` and ``--paused-seconds`` reach the collector: with 0.5 s both
+    conditions fire on the first poll past 0.5 s, where the defaults (60 s) would not for a
+    minute. Judged on what the process reports (its rows, and each event's own seconds in its
+    warning), never on the test's clock."""
+    fleet = SimFleet(seed=7)
+    fleet.add_endpoint(dp=1)
+    fleet.add_endpoint(dp=2)
+    fleet.step(3.0)
+    for ep in fleet.endpoints:
+        ep.update_weight_version("v0")
+    version_file = tmp_path / "policy.txt"
+    write_atomically(version_file, "v0\n")
+    out = tmp_path / "polls.jsonl"
+    with FleetServer(fleet, step_interval=0.25) as server:
+        cmd = [*fleetscope_cmd(), "watch", *server.urls, "--no-tui", "--interval", "0.3"]
+        cmd += ["--jsonl", str(out), "--policy-version-file", str(version_file)]
+        cmd += ["--stale-seconds", "0.5", "--paused-seconds", "0.5"]
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=base_env())
+        try:
+            wait_until(
+                lambda: a_row(out, rl__policy_version_index=0.0, server0__engines_paused=0.0),
+                proc,
+                "v0 announced, /is_paused asked",
+            )
+            fleet.endpoint("server0").pause()
+            fleet.endpoint("server0").update_weight_version("v1")  # server1 misses it
+            write_atomically(version_file, "v1\n")
+            wait_until(
+                lambda: a_row(out, health__engine_paused=1.0, health__stale_version=2.0),
+                proc,
+                "server0 paused and server1's two engines stale, both past 0.5 s",
+            )
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=DEADLINE_S)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+    # the first event of each condition came past 0.5 s, long before the defaults' 60 s
+    paused = re.search(r"server0\.0: paused or asleep for (\d+) s", err)
+    stale = re.search(r"server1\.0: serves 'v0', 1 version\(s\) behind .* for (\d+) s", err)
+    assert paused and stale, err
+    assert int(paused.group(1)) < 60 and int(stale.group(1)) < 60, err
 
 
 class FakeCollector:

@@ -217,6 +217,55 @@ async def test_an_engine_paused_too_long_outside_a_sync_is_a_health_condition() 
         assert view.keys["inference/health/engine_paused"] == 0
 
 
+async def test_time_inside_a_weight_sync_never_counts_towards_engine_paused() -> None:
+    """A trainer pauses an engine for a long sync and resumes it just after: the sync's seconds
+    are no pause "while no weight sync is open". The streak restarts at the sync and counts only
+    the intervals after its exit poll, all measured on the polls' own scrape times (whatever
+    the machine's load), so each poll's expected events are known exactly."""
+    from fleetscope.health import HealthThresholds
+
+    threshold = 0.05  # stands for 60 s: the sync below lasts several times longer
+    async with rig(
+        rl_probes=True, health_thresholds=HealthThresholds(paused_seconds=threshold)
+    ) as (fleet, server, c):
+        truth = Truth()
+
+        def paused_events(view) -> list[float]:
+            return [
+                e.value
+                for e in view.result.events
+                if e.condition == "engine_paused" and e.subject == "server0.0"
+            ]
+
+        await step_and_poll(fleet, c, truth)  # baselines
+        async with c.weight_sync("v1"):
+            async with httpx.AsyncClient() as h:
+                assert (await h.post(server.url("server0") + "/pause")).status_code == 200
+            truth.paused.add("server0")
+            in_sync = 0.0
+            while in_sync < 4 * threshold:  # a sync far longer than the threshold
+                view, iv = await step_and_poll(fleet, c, truth)
+                assert view.keys["inference/server0/engines_paused"] == 1
+                assert paused_events(view) == []
+                in_sync += iv["server0"][0]
+        # the exit poll's interval was inside the sync too
+        assert c.last is not None
+        in_sync += truth.interval(c.last)["server0"][0]
+        assert paused_events(c.last) == []
+        # still paused, no sync open: only the seconds from the exit poll on count
+        outside = 0.0
+        while True:
+            view, iv = await step_and_poll(fleet, c, truth)
+            outside += iv["server0"][0]
+            values = paused_events(view)
+            if outside < threshold:
+                assert values == [], (values, outside, in_sync)
+                continue
+            assert len(values) == 1 and close(values[0], outside), (values, outside, in_sync)
+            assert view.keys["inference/health/engine_paused"] == 1
+            break
+
+
 async def test_one_missed_probe_is_retried_at_the_next_poll_and_repeated_misses_back_off() -> None:
     """A single failed ``/is_paused`` (a missed deadline on a loaded machine) leaves the state
     unknown for that poll only; a second failure in a row backs off 30 s (never asked meanwhile)."""

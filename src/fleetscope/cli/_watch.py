@@ -13,6 +13,7 @@ from fleetscope.cli._common import _add_sink_args, _headers_from_args, _role_and
 
 if TYPE_CHECKING:
     from fleetscope.collector import Collector
+    from fleetscope.health import HealthThresholds
     from fleetscope.sources.http import Endpoint
 
 #: how the endpoints-file helpers wait (``asyncio.sleep`` unless a test passes its own)
@@ -154,12 +155,23 @@ async def _follow_endpoints_file(
         await (pause or asyncio.sleep)(interval)
 
 
+def _health_thresholds(args: argparse.Namespace) -> HealthThresholds:
+    """The health thresholds the ``watch`` flags set (the others keep their defaults)."""
+    from fleetscope.health import HealthThresholds
+
+    return HealthThresholds(
+        stall_seconds=args.stall_seconds,
+        outlier_seconds=args.outlier_seconds,
+        stale_seconds=args.stale_seconds,
+        paused_seconds=args.paused_seconds,
+    )
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
     from fleetscope.collector import Collector
-    from fleetscope.health import HealthThresholds
     from fleetscope.signals import stop_on_signals
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -188,9 +200,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         headers=_headers_from_args(args),
         verify=not args.insecure,
         schema=args.schema,
-        health_thresholds=HealthThresholds(
-            stall_seconds=args.stall_seconds, outlier_seconds=args.outlier_seconds
-        ),
+        health_thresholds=_health_thresholds(args),
     )
 
     if args.policy_version_file:
@@ -250,6 +260,7 @@ async def _watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -
         headers=_headers_from_args(args),
         verify=not args.insecure,
         schema=args.schema,
+        health_thresholds=_health_thresholds(args),
     )
     if args.policy_version_file:
         from fleetscope.cli._policy_file import PolicyVersionFile
@@ -317,6 +328,20 @@ def add_watch_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=health_defaults.outlier_seconds,
         help="health: this long far below its role's median token rate (%(default)s)",
+    )
+    w.add_argument(
+        "--stale-seconds",
+        type=float,
+        default=health_defaults.stale_seconds,
+        help="health: a server still on an older policy version this long after the trainer "
+        "announced a newer one is stale_version (%(default)s)",
+    )
+    w.add_argument(
+        "--paused-seconds",
+        type=float,
+        default=health_defaults.paused_seconds,
+        help="health: an engine paused or asleep this long while no weight sync is open is "
+        "engine_paused (%(default)s)",
     )
     w.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     w.add_argument("--once", action="store_true", help="two polls one interval apart, print")

@@ -52,8 +52,12 @@ def rl_panels(disaggregated: bool, prefix: str = "inference") -> list[Panel]:
             (f"{rl}/engines_stale", f"{rl}/engines_unknown_version", f"{rl}/max_version_lag"),
         ),
         Panel(
-            "Stale generation share; policy version index",
-            (f"{rl}/stale_generation_share", f"{rl}/policy_version_index"),
+            "Stale share (of known-version tokens), unknown-version share; policy version index",
+            (
+                f"{rl}/stale_generation_share",
+                f"{rl}/unknown_version_generation_share",
+                f"{rl}/policy_version_index",
+            ),
         ),
         Panel(
             "Weight sync wall time vs the engines' update seconds",
