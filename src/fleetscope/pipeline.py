@@ -157,6 +157,8 @@ class PollPipeline:
             out.update(self.versions.summary_keys(sp))
             out.update(self.syncs.summary_keys(sp))
             out.update(server_keys(self.servers, sp))
+            for name, version in sorted(self.versions.served_versions().items()):
+                out[f"{sp}/endpoints/{name}/weight_version"] = version
             out.update(self.states.summary_keys(sp))
             return out
 

@@ -38,6 +38,10 @@ from fleetscope._route_probe import WEIGHT_INFO_BYTES, RouteProbe, _Probe
 from fleetscope.health import HealthEvent
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.reduce import EngineInput
+from fleetscope.version_spans import RL, LabelSpan, PollVersions
+from fleetscope.version_spans import TokenSums as _Sums
+from fleetscope.version_spans import share_keys as _share_keys
+from fleetscope.version_spans import token_keys as _token_keys
 
 __all__ = [
     "GENERATION_FAMILY",
@@ -53,7 +57,6 @@ WEIGHT_INFO_ROUTE = "/weight_info"
 WEIGHT_INFO_DEADLINE = 2.0
 GENERATION_FAMILY = "vllm:generation_tokens"
 RL_OPERATION_FAMILY = "vllm:rl_weight_update_operation_duration_seconds"
-RL = "rl"  # the pseudo scope of RL keys: inference/rl/..., inference/{window}/rl/...
 
 
 def _weight_version(info: Any) -> str:
@@ -103,45 +106,6 @@ def _endpoint_of(engine_id: str) -> str:
 
 
 @dataclass
-class _Sums:
-    """Generated tokens: of stale engines, of engines whose version was known (stale, current or
-    ahead), and of every engine (the rest: unknown version, or before the first announcement)."""
-
-    stale: float = 0.0
-    known: float = 0.0
-    total: float = 0.0
-
-    def add(self, stale: float, known: float, total: float) -> None:
-        self.stale += stale
-        self.known += known
-        self.total += total
-
-    def merge(self, other: _Sums) -> None:
-        self.add(other.stale, other.known, other.total)
-
-    @property
-    def unknown(self) -> float:
-        return max(0.0, self.total - self.known)
-
-    def share(self) -> float | None:
-        """Stale tokens over the tokens whose version status was known."""
-        return self.stale / self.known if self.known > 0 else None
-
-    def unknown_share(self) -> float | None:
-        """Tokens of unknown version status over every generated token."""
-        return self.unknown / self.total if self.total > 0 else None
-
-    def to_list(self) -> list[float]:
-        return [self.stale, self.known, self.total]
-
-    @classmethod
-    def from_list(cls, v: Sequence[Any]) -> _Sums:
-        if len(v) == 2:  # a checkpoint from before the known sums: every token counted known
-            return cls(float(v[0]), float(v[1]), float(v[1]))
-        return cls(float(v[0]), float(v[1]), float(v[2]))
-
-
-@dataclass
 class PolicyVersions:
     """The trainer's announced versions and what each endpoint serves."""
 
@@ -156,6 +120,11 @@ class PolicyVersions:
     run: dict[str, _Sums] = field(default_factory=dict)  # run labels
     _last_stopped: dict[str, _Sums] = field(default_factory=dict)  # until its keys are read
     _held: _Sums = field(default_factory=_Sums)  # boundary polls' tokens, for the next row
+    _held_roles: dict[str, _Sums] = field(default_factory=dict)
+    # versions served, lags and per-role tokens per open window / run label (version_spans)
+    _open_spans: dict[str, LabelSpan] = field(default_factory=dict)
+    run_spans: dict[str, LabelSpan] = field(default_factory=dict)
+    _stopped_spans: dict[str, LabelSpan] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     # ------------------------------------------------------------------ announcements
@@ -244,22 +213,39 @@ class PolicyVersions:
             n_stale = n_unknown = 0
             lags: dict[str, int] = {}
             events: list[HealthEvent] = []
+            pv = PollVersions(lags=lags)
+            counts: dict[str, list[int]] = {}  # role -> [stale engines, unknown engines]
             for inp in engines:
                 tokens = generation_delta(inp.delta)
                 total += tokens
+                ep = _endpoint_of(inp.engine_id)
+                role = inp.role
+                rs = None
+                if role is not None:
+                    pv.roles[ep] = role
+                    rs = pv.role_sums.setdefault(role, _Sums())
+                    rs.total += tokens
+                    counts.setdefault(role, [0, 0])
                 if self.current is None:
                     continue
-                ep = _endpoint_of(inp.engine_id)
                 idx = self.served_index(ep)
                 if idx is None:
                     n_unknown += 1
+                    if role is not None:
+                        counts[role][1] += 1
                     continue
+                pv.served[ep] = idx
                 known += tokens
                 lag = self.current - idx
                 lags[ep] = lag
+                if rs is not None:
+                    rs.known += tokens
                 if lag > 0:
                     n_stale += 1
                     stale += tokens
+                    if rs is not None and role is not None:
+                        rs.stale += tokens
+                        counts[role][0] += 1
                     since = now - self.announced_at[idx + 1]  # the first newer version
                     if since >= self.stale_seconds:
                         events.append(
@@ -274,16 +260,25 @@ class PolicyVersions:
                         )
             sums = _Sums(stale, known, total)
             self.run.setdefault(COMBINED, _Sums()).merge(sums)
+            self.run_spans.setdefault(COMBINED, LabelSpan()).observe(pv)
             labels = list(active_windows)
             for label in labels:
                 self._open.setdefault(label, _Sums()).merge(sums)
+                self._open_spans.setdefault(label, LabelSpan()).observe(pv)
             if not labels:
                 self.run.setdefault(IDLE, _Sums()).merge(sums)
+                self.run_spans.setdefault(IDLE, LabelSpan()).observe(pv)
+            role_sums = pv.role_sums
             if boundary:
                 self._held.merge(sums)
+                for name, rsum in role_sums.items():
+                    self._held_roles.setdefault(name, _Sums()).merge(rsum)
             else:
                 sums.merge(self._held)
                 self._held = _Sums()
+                for name, rsum in self._held_roles.items():
+                    role_sums.setdefault(name, _Sums()).merge(rsum)
+                self._held_roles = {}
             if self.current is None:
                 return {}, []
             p = f"{prefix}/{RL}/"
@@ -296,8 +291,17 @@ class PolicyVersions:
             }
             if not boundary:
                 keys.update(_token_keys(p, sums))
+            role_lags = pv.scope_lags()
+            for name, (n_role_stale, n_role_unknown) in counts.items():
+                rp = f"{p}{name}/"
+                keys[rp + "engines_stale"] = float(n_role_stale)
+                keys[rp + "engines_unknown_version"] = float(n_role_unknown)
+                keys[rp + "max_version_lag"] = float(role_lags.get(name, 0))
+                if not boundary and name in role_sums:
+                    keys.update(_token_keys(rp, role_sums[name]))
             for ep, lag in lags.items():
                 keys[f"{prefix}/{ep}/weight_version_lag"] = float(lag)
+                keys[f"{prefix}/{ep}/weight_version_index"] = float(pv.served[ep])
             return keys, events
 
     # ------------------------------------------------------------------ windows
@@ -307,19 +311,28 @@ class PolicyVersions:
         with self._lock:
             if action == "start":
                 self._open[label] = _Sums()
+                self._open_spans[label] = LabelSpan()
             elif action == "stop":
                 sums = self._open.pop(label, None)
                 if sums is not None:
                     self.run.setdefault(label, _Sums()).merge(sums)
                     self._last_stopped[label] = sums
+                span = self._open_spans.pop(label, None)
+                if span is not None:
+                    self.run_spans.setdefault(label, LabelSpan()).merge(span)
+                    self._stopped_spans[label] = span
 
     def window_keys(self, label: str, prefix: str) -> dict[str, float]:
         """The stale token share of a window that just stopped (when versions were in use)."""
         with self._lock:
             sums = self._last_stopped.pop(label, None)
+            span = self._stopped_spans.pop(label, None)
             if sums is None or not self.announced:
                 return {}
-            return _share_keys(f"{prefix}/{label}/{RL}/", sums)
+            out = _share_keys(f"{prefix}/{label}/{RL}/", sums)
+            if span is not None:
+                out.update(span.keys(f"{prefix}/{label}"))
+            return out
 
     def summary_keys(self, prefix: str) -> dict[str, float]:
         with self._lock:
@@ -328,8 +341,21 @@ class PolicyVersions:
             out: dict[str, float] = {}
             for label, sums in self.run.items():
                 out.update(_share_keys(f"{prefix}/{label}/{RL}/", sums))
+            for label, span in self.run_spans.items():
+                out.update(span.keys(f"{prefix}/{label}"))
             out[f"{prefix}/{RL}/policy_versions"] = float(len(self.announced))
             return out
+
+    def served_versions(self) -> dict[str, str]:
+        """Endpoint -> the announced version it served last in the run (the run summary's
+        ``endpoints/{name}/weight_version``)."""
+        from fleetscope.windows import COMBINED
+
+        with self._lock:
+            span = self.run_spans.get(COMBINED)
+            if span is None:
+                return {}
+            return {ep: self.announced[v[2]] for ep, v in span.versions.items()}
 
     # ------------------------------------------------------------------ persistence
 
@@ -341,6 +367,8 @@ class PolicyVersions:
                 "current": self.current,
                 "run": {k: v.to_list() for k, v in self.run.items()},
                 "open": {k: v.to_list() for k, v in self._open.items()},
+                "run_spans": {k: v.to_data() for k, v in self.run_spans.items()},
+                "open_spans": {k: v.to_data() for k, v in self._open_spans.items()},
             }
 
     def load_state_dict(self, state: Mapping[str, Any], now: float | None = None) -> None:
@@ -354,22 +382,7 @@ class PolicyVersions:
             self.current = None if cur is None else int(cur)
             self.run = {k: _Sums.from_list(v) for k, v in state["run"].items()}
             self._open = {k: _Sums.from_list(v) for k, v in state["open"].items()}
-
-
-def _token_keys(base: str, sums: _Sums) -> dict[str, float]:
-    """Stale tokens and their share of the tokens of known version status; the tokens of
-    unknown status (and their share of every generated token) beside them."""
-    out = {
-        base + "stale_generation_tokens": sums.stale,
-        base + "unknown_version_generation_tokens": sums.unknown,
-    }
-    share, unknown_share = sums.share(), sums.unknown_share()
-    if share is not None:
-        out[base + "stale_generation_share"] = share
-    if unknown_share is not None:
-        out[base + "unknown_version_generation_share"] = unknown_share
-    return out
-
-
-def _share_keys(base: str, sums: _Sums) -> dict[str, float]:
-    return {**_token_keys(base, sums), base + "generation_tokens": sums.total}
+            spans = state.get("run_spans", {})
+            self.run_spans = {k: LabelSpan.from_data(v) for k, v in spans.items()}
+            spans = state.get("open_spans", {})
+            self._open_spans = {k: LabelSpan.from_data(v) for k, v in spans.items()}

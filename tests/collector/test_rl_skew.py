@@ -164,3 +164,84 @@ def test_a_version_announced_from_a_trainer_thread_is_reported_at_the_next_poll(
     assert k["inference/server0/weight_version_lag"] == 0
     assert k["inference/rl/stale_generation_tokens"] == stale > 0
     assert summary["inference_summary/rl/policy_versions"] == 2
+
+
+async def test_versions_per_role_per_endpoint_in_windows_and_the_run_summary():
+    """Two decode servers (one dp=2) and a prefill server. server1 misses ``v1`` for one
+    interval of a window, then catches up. Per poll: per role the stale engines, largest lag
+    and stale share (tokens to the token, from the simulator's truth), per endpoint the served
+    version's index. Per window and run label: per endpoint the oldest, newest and last served
+    version, per scope the largest lag, per role the shares; the summary names each endpoint's
+    last version."""
+    roles = {"server0": "decode", "server1": "decode", "server2": "prefill"}
+    fleet = SimFleet(seed=11)
+    for name, role in roles.items():
+        fleet.add_endpoint(dp=2 if name == "server1" else 1, name=name, role=role)
+    for name in roles:
+        fleet.endpoint(name).update_weight_version("v0")
+    fleet.step(3.0)
+    server = FleetServer(fleet).start()
+    eps = [Endpoint(server.url(n), name=n, role=r) for n, r in roles.items()]
+    c = Collector(eps, interval=3600, timeout=5.0, fetch_model_info=False, discover_roles=False)
+
+    def gen(name: str) -> float:
+        return fleet.endpoint(name).truth_total(GEN)
+
+    async def step() -> dict:
+        fleet.step(1.0)
+        await asyncio.sleep(0.01)
+        return (await c.poll()).keys
+
+    try:
+        c.set_policy_version("v0")
+        await c.poll()  # baselines
+        await step()
+        c.set_policy_version("v1")
+        for name in ("server0", "server2"):
+            fleet.endpoint(name).update_weight_version("v1")
+        train = c.window("train")
+        await train.astart()
+        g0 = {n: gen(n) for n in roles}
+        stale_poll = await step()  # server1 still serves v0
+        g1 = {n: gen(n) for n in roles}
+        fleet.endpoint("server1").update_weight_version("v1")
+        caught_up = await step()
+        g2 = {n: gen(n) for n in roles}
+        keys = await train.astop()
+        summary = c.summary()
+    finally:
+        await c.stop()
+        server.stop()
+    d1 = {n: g1[n] - g0[n] for n in roles}
+    d2 = {n: g2[n] - g1[n] for n in roles}
+    assert d1["server1"] > 0 and d1["server0"] > 0
+    k = stale_poll
+    assert k["inference/rl/decode/engines_stale"] == 2  # server1's two engines
+    assert k["inference/rl/prefill/engines_stale"] == 0
+    assert k["inference/rl/decode/max_version_lag"] == 1
+    assert k["inference/rl/prefill/max_version_lag"] == 0
+    assert k["inference/rl/decode/stale_generation_tokens"] == d1["server1"]
+    share = d1["server1"] / (d1["server0"] + d1["server1"])
+    assert k["inference/rl/decode/stale_generation_share"] == share
+    assert k["inference/rl/prefill/stale_generation_share"] == 0.0
+    assert k["inference/server1/weight_version_index"] == 0
+    assert k["inference/server0/weight_version_index"] == 1
+    assert caught_up["inference/rl/decode/engines_stale"] == 0
+    assert caught_up["inference/server1/weight_version_index"] == 1
+    w = "inference/train/"
+    assert [keys[f"{w}server1/weight_version_index/{s}"] for s in ("oldest", "newest", "last")] == [
+        0,
+        1,
+        1,
+    ]
+    assert keys[f"{w}server0/weight_version_index/oldest"] == 1
+    assert keys[f"{w}rl/max_version_lag"] == 1 and keys[f"{w}rl/prefill/max_version_lag"] == 0
+    decode_total = sum(d1[n] + d2[n] for n in ("server0", "server1"))
+    assert keys[f"{w}rl/decode/generation_tokens"] == decode_total
+    assert keys[f"{w}rl/decode/stale_generation_tokens"] == d1["server1"]
+    assert keys[f"{w}rl/decode/stale_generation_share"] == d1["server1"] / decode_total
+    s = "inference_summary/"
+    assert summary[f"{s}train/server1/weight_version_index/oldest"] == 0
+    assert summary[f"{s}combined/server1/weight_version_index/last"] == 1
+    assert summary[f"{s}combined/rl/max_version_lag"] == 1
+    assert {summary[f"{s}endpoints/{n}/weight_version"] for n in roles} == {"v1"}
