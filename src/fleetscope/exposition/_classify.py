@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleetscope.catalog import BREAKDOWN_LABELS, FAMILY_BREAKDOWNS, canonical_family
+from fleetscope.catalog import BREAKDOWN_LABELS, FAMILY_BREAKDOWNS, RAY_PREFIXES, canonical_family
 from fleetscope.exposition._syntax import ExpositionError, Sample, format_bound, parse_float
 from fleetscope.snapshot import (
     CounterSeries,
@@ -33,7 +33,7 @@ class SeriesDraft:
     le: float | None
     renamed: bool  # came from an old name; dropped when the current name is present
     model: str | None = None  # the sample's model_name label (summed away, kept for grouping)
-    original: str | None = None  # the exposed family name, when it was mapped
+    original: str | None = None  # the exposed family name (Ray's prefix undone), when mapped
 
 
 def classify(
@@ -99,6 +99,10 @@ def classify(
 
     if escaped:
         base = escaped.get(base, base)
+    for ray_prefix, prefix in RAY_PREFIXES.items():
+        if base.startswith(ray_prefix):  # Ray's agent: `ray_sglang_x` is `sglang:x`
+            base = prefix + base[len(ray_prefix) :]
+            break
     canon, renamed = canonical_family(base)
     original = base if canon != base else None
     if keep is not None and not canon.startswith(keep):

@@ -1,5 +1,6 @@
 """SGLang bodies: engines by ``dp_rank``, repeated ranks counted once, roles from
-``engine_type``; and OpenMetrics bodies whose sample names escape ``:`` (docs/sglang.md)."""
+``engine_type``, the same through Ray's metrics agent (``ray_sglang_*``, engines prefixed by
+the Ray identity); and OpenMetrics bodies whose sample names escape ``:`` (docs/sglang.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from fleetscope.catalog import (
     RAY_PREFIXES,
+    SGLANG_PREFIX,
     SGLANG_RANK_LABELS,
     SGLANG_ROLE_LABEL,
     SGLANG_ROLES,
@@ -17,6 +19,10 @@ from fleetscope.exposition._syntax import Sample, parse_sample
 from fleetscope.identity import Role
 
 _ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
+RAY_SGLANG = next(k for k, v in RAY_PREFIXES.items() if v == SGLANG_PREFIX)  # "ray_sglang_"
+# identity labels SGLang writes itself: not a Ray server's identity (radix-cache families have
+# no model_name, yet belong to the server of the same ReplicaId / WorkerId)
+_SGLANG_OWN_LABELS = frozenset({"model_name"})
 
 
 def escaped_names(lines: list[str], types: dict[str, str]) -> dict[str, str] | None:
@@ -61,6 +67,7 @@ def sglang_pass(
     identity: tuple[str, ...],
     keep: tuple[str, ...] | None,
     escaped: dict[str, str] | None,
+    ray: tuple[str, ...] | None = None,
 ) -> SGLangBody:
     """Engines of an SGLang body (docs/sglang.md "Engines, TP and DP ranks").
 
@@ -73,6 +80,12 @@ def sglang_pass(
       belong to the body's only replica when it has one, else to the endpoint (never split);
       so do radix-cache / storage families whose ``dp_rank`` is 0 on every replica;
     * ``engine_type="prefill"|"decode"`` of an engine's samples is its role.
+
+    ``ray``: the identity labels of a Ray agent body (``ray_sglang_*``, docs/sglang.md
+    "Through Ray"). Only its ``ray_sglang_*`` samples are SGLang's (the rest is left to the
+    caller: not in ``engine_of_line``); the rules above hold per Ray server (its ``ReplicaId``
+    / ``WorkerId``), and an engine label is the sample's non-empty ``ray`` values and the
+    replica joined by "/" (``r1/{worker id}/0``).
     """
     parsed: dict[int, tuple[Sample, SeriesDraft | None]] = {}
     for i, line in enumerate(lines, 1):
@@ -84,38 +97,40 @@ def sglang_pass(
             break  # the main loop reports it
         s = parse_sample(line, i)
         parsed[i] = (s, classify(s, types, counter_bases, identity, keep, escaped))
-    dp_values: set[str] = set()
-    shared_dp: dict[str, set[str]] = {}
-    for s, d in parsed.values():
-        if d is None:
-            continue
+    ids = ray or ()
+    server_labels = tuple(k for k in ids if k not in _SGLANG_OWN_LABELS)
+    mine: list[tuple[int, Sample, SeriesDraft, tuple[str, ...]]] = []  # (line, s, d, server)
+    for i, (s, d) in parsed.items():
+        if d is not None and (ray is None or s.name.startswith(RAY_SGLANG)):
+            mine.append((i, s, d, tuple(s.labels.get(k, "") for k in server_labels)))
+    dp_values: dict[tuple[str, ...], set[str]] = {}  # server -> its DP replicas
+    shared_dp: dict[tuple[tuple[str, ...], str], set[str]] = {}  # (server, family) -> dp_ranks
+    for _i, s, d, server in mine:
         dp = s.labels.get("dp_rank")
         if dp is not None and d.family.startswith(_ENGINE_PREFIXES):
-            dp_values.add(dp)
+            dp_values.setdefault(server, set()).add(dp)
         if not SGLANG_SHARED_DP_LABELS.isdisjoint(s.labels):
-            shared_dp.setdefault(d.family, set()).add(dp or "")
-    several = len(dp_values) > 1
-    only = next(iter(dp_values)) if len(dp_values) == 1 else "0"
-    endpoint_families = (
-        {f for f, dps in shared_dp.items() if dps <= {"0", ""}} if several else set()
-    )
+            shared_dp.setdefault((server, d.family), set()).add(dp or "")
+    several = {srv for srv, dps in dp_values.items() if len(dps) > 1}
+    only = {srv: next(iter(dps)) for srv, dps in dp_values.items() if len(dps) == 1}
+    endpoint_families = {k for k, dps in shared_dp.items() if k[0] in several and dps <= {"0", ""}}
     engine_of_line: dict[int, str] = {}
-    lowest: dict[tuple[str, str], tuple] = {}
-    ranked: dict[int, tuple[tuple[str, str], tuple]] = {}
+    lowest: dict[tuple, tuple] = {}  # (family, engine, server) -> the lowest rank
+    ranked: dict[int, tuple[tuple, tuple]] = {}
     roles_seen: dict[str, set[str]] = {}
-    for i, (s, d) in parsed.items():
-        if d is None:
-            continue
+    for i, s, d, server in mine:
         labels = s.labels
-        if d.family in endpoint_families:
+        if (server, d.family) in endpoint_families:
             eng = ""
         elif "dp_rank" in labels:
             eng = labels["dp_rank"] or "0"
         else:
-            eng = "" if several else only
+            eng = "" if server in several else only.get(server, "0")
+        if eng and ids:
+            eng = "/".join([*(labels[k] for k in ids if labels.get(k)), eng])
         engine_of_line[i] = eng
         if any(k in labels for k in SGLANG_RANK_LABELS):
-            fam_key = (d.family, eng)
+            fam_key = (d.family, eng, server)  # the endpoint's: per Ray server too
             rk = _rank_key(labels)
             ranked[i] = (fam_key, rk)
             cur = lowest.get(fam_key)

@@ -22,7 +22,7 @@ from fleetscope.catalog import (
 )
 from fleetscope.exposition._classify import CUMULATIVE_KINDS, SeriesDraft, build_layout, classify
 from fleetscope.exposition._classify import series_id as _series_id
-from fleetscope.exposition._sglang import SGLangBody, escaped_names, sglang_pass
+from fleetscope.exposition._sglang import RAY_SGLANG, SGLangBody, escaped_names, sglang_pass
 from fleetscope.exposition._syntax import (
     Exposition,
     ExpositionError,
@@ -206,6 +206,7 @@ def build_template(
         and identity_labels is None
         and any(name.startswith(SGLANG_PREFIX) for name in types)
     )
+    ray_sglang = is_ray and any(name.startswith(RAY_SGLANG) for name in types)
     if is_sglang:
         identity = SGLANG_IDENTITY_LABELS
     else:
@@ -219,6 +220,9 @@ def build_template(
     sg: SGLangBody | None = None
     if is_sglang:
         sg = sglang_pass(lines, types, counter_bases, identity, keep, escaped)
+    elif ray_sglang:  # the same rules per Ray server; engines `{Ray ids}/{dp_rank}`
+        ray_ids = tuple(k for k in identity if k not in (*vllm_identity, *SGLANG_IDENTITY_LABELS))
+        sg = sglang_pass(lines, types, counter_bases, identity, keep, escaped, ray_ids)
 
     ordinal: dict[str, int] = {}
     n_skip = 0
@@ -262,8 +266,8 @@ def build_template(
             n_skip += 1
             continue
         engine_key = ""
-        if sg is not None:
-            engine_key = sg.engine_of_line.get(i, "")
+        if sg is not None and i in sg.engine_of_line:  # every engine sample of a native body
+            engine_key = sg.engine_of_line[i]
         elif primary in s.labels:
             engine_key = "/".join(s.labels[k] for k in identity if s.labels.get(k))
         elif len(identity) > 1 and draft.family.startswith(_ENGINE_PREFIXES):

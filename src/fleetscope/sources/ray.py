@@ -290,6 +290,7 @@ class RaySource:
 
     def _filter(self, expo: Exposition, seen: set[str]) -> tuple[Exposition, dict[str, Role], int]:
         ident = self.identity or RayIdentity()
+        body_roles = expo.engine_roles  # SGLang's `engine_type`; the identity's roles win
         Key = tuple[str, str, str]
         groups: dict[Key, list[tuple[AgentEngine, EngineSnapshot]]] = {}
         by_tags: dict[tuple[str, str, str], set[Key]] = {}  # (replica, model, engine)
@@ -376,6 +377,7 @@ class RaySource:
             values = [v for e, _ in pieces for v in (e.worker_id, e.replica_id, e.model_name) if v]
             seen.update(v for e, _ in pieces for v in (e.worker_id, e.replica_id) if v)
             role = next((ident.roles[v] for v in values if v in ident.roles), None)
+            role = role or next((r for _, s in pieces if (r := body_roles.get(s.engine))), None)
             if role:
                 roles[label] = role
         return Exposition(kept, None, expo.types), roles, foreign
