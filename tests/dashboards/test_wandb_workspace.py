@@ -33,8 +33,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Pydantic V1 style:DeprecationWar
 # --------------------------------------------------------------------------- emitted keys
 
 
-async def _emitted(roles: list[str | None], polls: int = 4) -> set[str]:
-    fleet = SimFleet.build(len(roles), dp=2, roles=roles, seed=11)
+async def _emitted(roles: list[str | None], polls: int = 4, kind: str = "vllm") -> set[str]:
+    fleet = SimFleet.build(len(roles), dp=2, roles=roles, seed=11, engine_kind=kind)
     fleet.step(3.0)
     keys: set[str] = set()
     with FleetServer(fleet) as server:
@@ -82,14 +82,15 @@ def test_scenarios_emit_what_the_check_needs(
 def test_every_panel_key_is_emitted(
     disaggregated: bool, plain_keys: set[str], disaggregated_keys: set[str]
 ) -> None:
-    panels = ww.inference_panels(disaggregated)
+    panels = ww.inference_panels(disaggregated, engines=("vllm",))
     assert _missing(panels, disaggregated_keys) == {}
     if not disaggregated:  # the colocated view also works on a plain fleet
         assert _missing(panels, plain_keys) == {}
 
 
 def test_a_panel_pointing_at_nothing_is_caught(plain_keys: set[str]) -> None:
-    bad = [*ww.inference_panels(False), ww.Panel("typo", ("inference/agg/kv_cache_usage/mean",))]
+    panels = ww.inference_panels(False, engines=("vllm",))
+    bad = [*panels, ww.Panel("typo", ("inference/agg/kv_cache_usage/mean",))]
     assert _missing(bad, plain_keys) == {"typo": ["inference/agg/kv_cache_usage/mean"]}
 
 
@@ -413,3 +414,21 @@ def test_every_rl_panel_key_is_emitted(roles: list[str | None]) -> None:
     panels = rl_panels(disaggregated=roles[0] is not None)
     assert len(panels) == 8
     assert _missing(panels, emitted) == {}
+
+
+@pytest.mark.parametrize("roles", [[None, None, None], ["prefill", "decode", "decode"]])
+def test_panels_of_mixed_and_sglang_fleets_are_emitted(roles: list[str | None]) -> None:
+    """A mixed vLLM + SGLang fleet fills every panel of both kinds. An SGLang-only fleet fills
+    every panel but vLLM's own (truncation: SGLang has no finish reason) and preemptions when
+    the simulated SGLang servers retracted nothing (a missing series is missing, never 0)."""
+    disaggregated = roles[0] is not None
+    mixed = asyncio.run(_emitted(roles, kind="mixed"))
+    assert _missing(ww.inference_panels(disaggregated), mixed) == {}
+    sglang = asyncio.run(_emitted(roles, kind="sglang"))
+    assert not [k for k in sglang if "inference/agg/inter_token_latency_seconds/" in k]
+    missing = _missing(ww.inference_panels(disaggregated, engines=("sglang",)), sglang)
+    retracted = any("num_preemptions_total" in k for k in sglang)
+    assert set(missing) <= ({"Preemptions /s (fleet sum; max engine)"} if not retracted else set())
+    titles = [p.title for p in ww.inference_panels(disaggregated, engines=("sglang",))]
+    assert any(t.startswith("SGLang ITL") for t in titles)
+    assert not any(t.startswith("Truncation") for t in titles)

@@ -18,7 +18,8 @@ Prompt tokens /s               sum + max                       agg sum; prefill 
 TTFT                           p50/p90/p99 + slowest mean      decode p50/p90/p99; slowest mean
                                                                per role
 TPOT (per request), ITL        p50/p90/p99 + slowest mean      decode p50/p90/p99 + slowest mean
-Truncation share (``length``)  pooled + max                    decode pooled + max
+SGLang ITL (its own keys)      p50/p90/p99 + slowest mean      decode p50/p90/p99 + slowest mean
+Truncation share (``length``)  pooled + max                    decode pooled + max (vLLM only)
 Engines reporting / failures   agg                             agg + engines per role
 Health conditions              ``health/*``                    ``health/*``
 =============================  ==============================  ==================================
@@ -28,6 +29,11 @@ Role-aware: in disaggregated runs every tail comes from its role's scope, never 
 minimum near 0 and hide a stalled decode engine), and the decode-only quantities (TPOT, ITL,
 truncation: prefill requests all end with ``finished_reason=length``) use the decode scope
 for the aggregate as well.
+
+Both engine kinds: SGLang's families share vLLM's keys where the catalog maps them (one panel
+for both); SGLang's inter-token latency has its own keys (``sglang_inter_token_latency_seconds``:
+its count means something else) and panel; SGLang has no finish reason, so truncation is a vLLM
+panel. ``inference_panels(..., engines=("vllm",))`` leaves out the other kind's panels.
 
 * :func:`inference_panels` is the pure panel spec (titles and key names; tested against the
   keys the collector really emits).
@@ -71,6 +77,7 @@ class _Spec:
     tail: tuple[str, ...]  # the cross-engine tail, colocated fleets (from agg)
     role_tails: tuple[tuple[Role, tuple[str, ...]], ...]  # disaggregated: (role, tail) pairs
     fleet_role: Role | None = None  # disaggregated: aggregate from this role instead of agg
+    engine: str | None = None  # an engine kind's own keys only (None: every kind's)
 
 
 def _q(metric: str) -> tuple[str, ...]:
@@ -88,6 +95,7 @@ _PROMPT = catalog.PROMPT_RATE
 _TTFT = catalog.TTFT
 _TPOT = catalog.TPOT
 _ITL = catalog.ITL
+_SGLANG_ITL = "sglang_" + catalog.ITL  # SGLang's own ITL (docs/sglang.md: not vLLM's)
 _TRUNC = catalog.LENGTH_SHARE
 
 _SPECS: tuple[_Spec, ...] = (
@@ -153,13 +161,23 @@ _SPECS: tuple[_Spec, ...] = (
         (f"{_ITL}:mean/max",),
         (("decode", (f"{_ITL}:mean/max",)),),
         fleet_role="decode",
+        engine="vllm",
     ),
     _Spec(
+        "SGLang ITL seconds (p50/p90/p99; slowest engine mean)",
+        _q(_SGLANG_ITL),
+        (f"{_SGLANG_ITL}:mean/max",),
+        (("decode", (f"{_SGLANG_ITL}:mean/max",)),),
+        fleet_role="decode",
+        engine="sglang",
+    ),
+    _Spec(  # SGLang exposes no finish reason
         "Truncation share, finished_reason=length (pooled; max engine)",
         (f"{_TRUNC}/pooled",),
         (f"{_TRUNC}/max",),
         (("decode", (f"{_TRUNC}/max",)),),
         fleet_role="decode",
+        engine="vllm",
     ),
     _Spec(
         "Collector: engines reporting, scrape failures",
@@ -170,10 +188,19 @@ _SPECS: tuple[_Spec, ...] = (
 )
 
 
-def inference_panels(disaggregated: bool, prefix: str = "inference") -> list[Panel]:
-    """The inference section's panels. ``disaggregated``: take tails from role scopes."""
+ENGINE_KINDS: tuple[str, ...] = ("vllm", "sglang")
+
+
+def inference_panels(
+    disaggregated: bool, prefix: str = "inference", engines: Iterable[str] = ENGINE_KINDS
+) -> list[Panel]:
+    """The inference section's panels. ``disaggregated``: take tails from role scopes;
+    ``engines``: the engine kinds of the fleet (a kind's own panels only for those)."""
     panels: list[Panel] = []
+    kinds = set(engines)
     for s in _SPECS:
+        if s.engine is not None and s.engine not in kinds:
+            continue
         if disaggregated:
             scope = s.fleet_role or "agg"
             keys = [f"{prefix}/{scope}/{k}" for k in s.fleet]
