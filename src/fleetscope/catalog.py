@@ -274,6 +274,7 @@ class RatioSpec:
     scale: float = 1.0
     offset: float = 0.0
     per_label: str | None = None  # one ratio per value of this numerator label
+    numerator_plus: tuple[str, ...] = ()  # families added to the numerator (unfiltered)
 
 
 RATIOS: tuple[RatioSpec, ...] = (
@@ -303,12 +304,18 @@ RATIOS: tuple[RatioSpec, ...] = (
         ("spec_decode_num_accepted_tokens", None),
         ("spec_decode_num_draft_tokens", None),
     ),
-    # vLLM's mean acceptance length counts the bonus token: 1 + accepted / drafts
+    # tokens per verification step, the bonus token included. vLLM: 1 + accepted / drafts,
+    # written (drafts + accepted) / drafts so that it pools with SGLang's own definition,
+    # completion tokens / verify steps (its per-request spec_accept_length; both counters
+    # counted when a request finishes); no engine has both
     RatioSpec(
         "spec_decode_mean_acceptance_length",
         ("spec_decode_num_accepted_tokens", None),
         ("spec_decode_num_drafts", None),
-        offset=1.0,
+        numerator_plus=("spec_decode_num_drafts",),
+    ),
+    RatioSpec(
+        "spec_decode_mean_acceptance_length", ("generation_tokens", None), ("spec_verify_calls", None)
     ),
     RatioSpec(
         "spec_decode_acceptance_rate_per_position",

@@ -105,6 +105,7 @@ def test_ratio_specs_name_families_of_the_table():
     metrics = {n.split(":", 1)[1] for n in names}
     for spec in catalog.RATIOS:
         assert spec.numerator[0] in metrics and spec.denominator[0] in metrics, spec
+        assert all(f in metrics for f in spec.numerator_plus), spec
 
 
 def _parsed_families(expo) -> set[str]:

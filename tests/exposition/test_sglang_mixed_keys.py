@@ -168,3 +168,41 @@ def test_mapped_histograms(agg: dict, canonical: str) -> None:
         assert got[f"p{round(q * 100)}"] == pytest.approx(want, rel=1e-12), (canonical, q)
     kinds = {e.split(".")[0] for e in buckets}
     assert "v" in kinds and kinds & {"s", "d"}, kinds  # both engines pooled
+
+
+def _with_spec_decode(text: str, drafts: float, accepted: float) -> str:
+    """A vLLM body with speculative-decoding counters for its engine 0 (vLLM's names)."""
+    lines = [
+        "# TYPE vllm:spec_decode_num_drafts counter",
+        "# TYPE vllm:spec_decode_num_accepted_tokens counter",
+    ]
+    label = '{engine="0",model_name="tinymodel"}'
+    lines += [f"vllm:spec_decode_num_drafts_total{label} {drafts}"]
+    lines += [f"vllm:spec_decode_num_accepted_tokens_total{label} {accepted}"]
+    return text + "\n".join(lines) + "\n"
+
+
+def test_mean_acceptance_length_pools_vllm_and_sglang_counters() -> None:
+    """Tokens per verification step, the bonus token included: vLLM's 1 + accepted / drafts,
+    SGLang's completion tokens / verify steps (its own per-request ``spec_accept_length``),
+    pooled over both from exact counter increases; the gauges are never read."""
+    v_before, v_after = BODIES["v"]
+    v_before = _with_spec_decode(v_before, 10.0, 5.0)
+    v_after = _with_spec_decode(v_after, 110.0, 185.0)
+    s_before, s_after = BODIES["s"]
+    polls = [(0.0, {"v": v_before, "s": s_before}), (SECONDS, {"v": v_after, "s": s_after})]
+    result = _observe(polls)
+    verify = increases("vllm:generation_tokens", "_total")  # SGLang's generation tokens ...
+    gen_s = verify["s.-"]
+    calls = [v for _, labels, v in samples(s_after, "sglang:spec_verify_calls") if labels]
+    (verify_s,) = calls  # ... over its verify steps (absent before: from 0)
+    drafts, accepted = 100.0, 180.0
+    agg = result.stats.scopes["agg"].metrics["spec_decode_mean_acceptance_length"]
+    assert agg["pooled"] == pytest.approx((drafts + accepted + gen_s) / (drafts + verify_s))
+    per_engine = {
+        e: result.stats.engine(e).get("spec_decode_mean_acceptance_length")
+        for e in result.stats.engine_ids
+    }
+    assert per_engine["v.0"] == pytest.approx(1 + accepted / drafts)
+    assert per_engine["s.0"] == pytest.approx(gen_s / verify_s)
+    assert per_engine.get("v.1") is None  # no speculative decoding there

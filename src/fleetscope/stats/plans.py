@@ -248,6 +248,8 @@ def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
                     )
             continue
         num_slots = [c.slot for c in nums if _match(c.labels, num_filter)]
+        for fam in spec.numerator_plus:
+            num_slots += [c.slot for c in counters_by_family.get(fam, ())]
         if num_slots:
             b.ratio(spec.name, num_slots, den_slots, spec.scale, spec.offset)
 
