@@ -315,7 +315,9 @@ RATIOS: tuple[RatioSpec, ...] = (
         numerator_plus=("spec_decode_num_drafts",),
     ),
     RatioSpec(
-        "spec_decode_mean_acceptance_length", ("generation_tokens", None), ("spec_verify_calls", None)
+        "spec_decode_mean_acceptance_length",
+        ("generation_tokens", None),
+        ("spec_verify_calls", None),
     ),
     RatioSpec(
         "spec_decode_acceptance_rate_per_position",
