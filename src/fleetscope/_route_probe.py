@@ -12,16 +12,16 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import httpx
 
+from fleetscope._backoff import Backoff
+
 T = TypeVar("T")
 
 WEIGHT_INFO_BYTES = 64 * 1024  # the cap of every probe answer (they are a few bytes)
-RETRY_FIRST = 30.0
-RETRY_MAX = 900.0
 
 
 @dataclass
@@ -30,8 +30,7 @@ class _Probe:
 
     answered: bool = False
     never: bool = False  # a definite "no such route"
-    next_try: float = 0.0
-    wait: float = RETRY_FIRST
+    backoff: Backoff = field(default_factory=Backoff)
     failures: int = 0  # in a row
     task: asyncio.Task[None] | None = None
 
@@ -76,7 +75,7 @@ class RouteProbe(Generic[T]):
                 continue
             with self._lock:
                 p = self._probes.setdefault(ep.name, _Probe())
-            if p.never or now < p.next_try:
+            if p.never or not p.backoff.due(now):
                 continue
             if p.task is None or p.task.done():
                 p.task = loop.create_task(self._ask(client, ep, p, deadline))
@@ -104,14 +103,13 @@ class RouteProbe(Generic[T]):
                     p.never = not p.answered
                 p.failures += 1
                 if not p.never and not (p.answered and p.failures == 1):
-                    p.next_try = time.monotonic() + p.wait
-                    p.wait = min(p.wait * 2, RETRY_MAX)
+                    p.backoff.failed(time.monotonic())
             return
         with self._lock:
             self.answers[ep.name] = value
             p.answered = True
             p.failures = 0
-            p.wait = RETRY_FIRST
+            p.backoff.succeeded()
 
 
 def bool_field(name: str) -> Callable[[Any], bool]:

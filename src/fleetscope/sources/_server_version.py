@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from fleetscope._backoff import Backoff
 from fleetscope.catalog import (
     FAMILIES,
     GENERATION_TOKENS,
@@ -48,8 +49,6 @@ if TYPE_CHECKING:
 
 #: routes asked in order; the next one only after a definite "no such route"
 VERSION_ROUTES: tuple[str, ...] = ("/version", "/server_info", "/get_server_info")
-RETRY_FIRST = 30.0
-RETRY_MAX = 900.0
 #: bodies (with traffic) whose family names are pooled before absent names are judged
 JUDGE_BODIES = 3
 
@@ -178,8 +177,7 @@ class _Probe:
     version: str | None = None
     settled: bool = False  # a version, or every route definitely missing
     kind: str | None = None
-    next_try: float = 0.0
-    wait: float = RETRY_FIRST
+    backoff: Backoff = field(default_factory=Backoff)
     task: asyncio.Task[None] | None = None
     seen: set[str] = field(default_factory=set)
     bodies: int = 0
@@ -239,7 +237,7 @@ class ServerVersions:
                 continue
             if p.task is not None and not p.task.done():
                 tasks.append(p.task)
-            elif now >= p.next_try:
+            elif p.backoff.due(now):
                 p.task = asyncio.get_running_loop().create_task(self._probe(client, ep, p))
                 tasks.append(p.task)
         return tasks
@@ -256,14 +254,13 @@ class ServerVersions:
             except Exception as e:
                 if _definite(e):
                     continue  # no such route: ask the next one
-                p.next_try = time.monotonic() + p.wait
+                waited = p.backoff.failed(time.monotonic())
                 self._warn(
                     ep.name,
                     "version",
                     f"{route} of {ep.name} unavailable: {describe(e, self.deadline)}; "
-                    f"asking again in {p.wait:g} s",
+                    f"asking again in {waited:g} s",
                 )
-                p.wait = min(p.wait * 2, RETRY_MAX)
                 return
             v = data.get("version") if isinstance(data, dict) else None
             if isinstance(v, str) and _VERSION_RE.fullmatch(v):

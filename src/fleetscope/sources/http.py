@@ -21,10 +21,11 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import httpx
 
+from fleetscope._backoff import Backoff
 from fleetscope._warn import RateLimitedWarner
 from fleetscope.catalog import KV_CONSUMER_FAMILY
 from fleetscope.exposition import MAX_BODY_BYTES, Exposition, ExpositionError, Parser
@@ -50,8 +51,6 @@ log = logging.getLogger("fleetscope")
 
 # bodies up to this size, of a shape already seen, are parsed on the loop (~0.4 ms per 50 KB)
 INLINE_PARSE_BYTES = 256 * 1024
-SIDE_RETRY_FIRST = 30.0
-SIDE_RETRY_MAX = 900.0
 
 
 @dataclass
@@ -61,8 +60,7 @@ class _Side:
     want_role: bool
     want_models: bool
     kv_consumer: bool = False  # the body has vLLM's KV-consumer gauge (a decode server)
-    next_try: float = 0.0
-    wait: float = SIDE_RETRY_FIRST
+    backoff: Backoff = field(default_factory=Backoff)
     task: asyncio.Task[None] | None = None
 
 
@@ -301,7 +299,7 @@ class HttpSource(Members):
             return None
         if side.task is not None and not side.task.done():
             return side.task
-        if time.monotonic() < side.next_try:
+        if not side.backoff.due(time.monotonic()):
             return None
         side.task = asyncio.get_running_loop().create_task(self._side_requests(ep.name, side))
         return side.task
@@ -346,15 +344,14 @@ class HttpSource(Members):
                     name,
                     "models",
                     f"/v1/models of {name} unavailable: {describe(e, self.side_timeout)}"
-                    + ("" if _definite(e) else f"; asking again in {side.wait:g} s"),
+                    + ("" if _definite(e) else f"; asking again in {side.backoff.wait:g} s"),
                 )
                 if _definite(e):
                     side.want_models = False
                 else:
                     failed = True
         if failed:
-            side.next_try = time.monotonic() + side.wait
-            side.wait = min(side.wait * 2, SIDE_RETRY_MAX)
+            side.backoff.failed(time.monotonic())
 
     def _role_answer(self, name: str, side: _Side, role: object) -> None:
         """The server's answer; without one, vLLM's KV-consumer gauge marks a decode server."""
