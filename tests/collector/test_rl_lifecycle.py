@@ -229,10 +229,10 @@ async def test_a_slow_weight_info_never_lengthens_the_poll() -> None:
         c.set_policy_version("default")
         orig = r.fleet.endpoint("server0").rl.answer
 
-        def slow(method: str, path: str, body: bytes):
+        def slow(method: str, path: str, body: bytes, query: str = ""):
             if path == "/weight_info":
                 time.sleep(2.0)  # blocks the simulator's loop: every request waits
-            return orig(method, path, body)
+            return orig(method, path, body, query)
 
         r.fleet.endpoint("server0").rl.answer = slow  # type: ignore[method-assign]
         t0 = time.monotonic()

@@ -275,12 +275,12 @@ async def test_one_missed_probe_is_retried_at_the_next_poll_and_repeated_misses_
         failing = {"on": False}
         asked: list[bool] = []
 
-        def answer(method: str, path: str, body: bytes):
+        def answer(method: str, path: str, body: bytes, query: str = ""):
             if path == "/is_paused":
                 asked.append(failing["on"])
                 if failing["on"]:
                     return 500, {"detail": "busy"}
-            return orig(method, path, body)
+            return orig(method, path, body, query)
 
         rl.answer = answer  # type: ignore[method-assign]
         truth = Truth()

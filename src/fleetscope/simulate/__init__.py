@@ -16,7 +16,10 @@ Quick use::
 
 Pieces: ``vllm_families`` (the catalogue, plain data), ``engine.SimEngine`` (one engine core and
 its load model), ``endpoint.SimEndpoint`` (one API server: registry, modes, faults),
-``fleet.SimFleet`` (endpoints on one clock and lock), ``server.FleetServer`` (asyncio HTTP).
+``fleet.SimFleet`` (endpoints on one clock and lock), ``server.FleetServer`` (asyncio HTTP),
+``rl.SimRL`` (``endpoint.rl``: vLLM's RL routes -- pause, weight version, sleep mode in
+``rl_sleep``, weight transfer in ``rl_transfer``, their timed families in ``rl_metrics`` --
+with a call ledger and ground truth).
 SGLang mode: ``sglang_families`` (SGLang 0.5.23's families), ``sglang_engine.SglangEngine`` (the
 same load model recording SGLang's metrics), ``sglang_endpoint.SglangEndpoint`` (a tokenizer and
 one scheduler per DP replica, multiprocess body, SGLang's side routes).

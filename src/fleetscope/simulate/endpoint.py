@@ -234,7 +234,7 @@ class SimEndpoint:
             self.engine_class(self, i, self.load, seed, self._engine_start(i), record_observations)
             for i in range(dp)
         ]
-        #: the RL endpoints (/weight_info, /update_weight_version, /pause ...): see rl.py
+        #: the RL endpoints (/weight_info, /pause, /sleep, weight transfer ...): see rl.py
         self.rl = SimRL(self)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EndpointCollector(self))
@@ -777,14 +777,16 @@ class SimEndpoint:
                 e.set_arrival_rate(rate)
 
     def sleep(self, level: int = 1, engine: int | None = None) -> None:
-        """Put engines to sleep (vLLM sleep mode; ``engine_sleep_state`` changes now)."""
+        """What ``POST /sleep?level=`` does to the engines (the scheduler pauses; level 1 and 2
+        put the executor to sleep; ``engine_sleep_state`` changes now), untimed, on one engine
+        or all (see :mod:`~fleetscope.simulate.rl_sleep`)."""
         with self._lock:
             for e in self._engines(engine):
                 e.sleep(level)
             self._touch()
 
     def wake_up(self, engine: int | None = None) -> None:
-        """Wake engines up."""
+        """What ``POST /wake_up`` does (untimed): wake every tag, resume the scheduler."""
         with self._lock:
             for e in self._engines(engine):
                 e.wake_up()

@@ -40,6 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from . import rl_sleep
 from .ledger import Ledger, SeriesKey, Truth
 from .vllm_families import FAMILIES, FAMILIES_BY_NAME, bucket_bounds
 
@@ -160,7 +161,11 @@ class SimEngine:
         gauges: gauge values set by the latest step (family -> key -> value).
         has_stepped: whether a step ran since the (re)start (multiprocess gauges need it).
         start_wall: unix time this engine (re)started.
-        stalled / slowdown / sleep_level: fault state, see the methods.
+        stalled / slowdown: fault state, see the methods.
+        scheduler_paused / sleeping_tags / sleep_state: vLLM's pause and sleep mode (the
+            scheduler paused by ``/pause`` or ``/sleep``; the executor's sleeping tags
+            ``weights``, ``kv_cache``; the ``engine_sleep_state`` gauge as ``(awake,
+            weights_offloaded, discard_all)``): see :mod:`fleetscope.simulate.rl_sleep`.
     """
 
     def __init__(
@@ -195,7 +200,9 @@ class SimEngine:
         self.arrival_rate = load.arrival_rate
         self.stalled = False
         self.slowdown = 1.0
-        self.sleep_level = 0
+        self.scheduler_paused = False
+        self.sleeping_tags: set[str] = set()
+        self.sleep_state: tuple[float, float, float] = rl_sleep.AWAKE
         #: lazy series: family -> list of (new label value, share)
         self.lazy_routes: dict[str, list[tuple[str, float]]] = {}
         self._reset_state(start_wall)
@@ -250,7 +257,9 @@ class SimEngine:
         self.truth.restart_times.append(self.endpoint._last_step_sim)
         self.truth.lost_at_restart.append({f: dict(s) for f, s in self.exported.counters.items()})
         self.stalled = False
-        self.sleep_level = 0
+        self.scheduler_paused = False
+        self.sleeping_tags = set()
+        self.sleep_state = rl_sleep.AWAKE
         self._reset_state(start_wall)
 
     def _draw_next_arrival(self, after: float) -> float:
@@ -342,7 +351,7 @@ class SimEngine:
         while self._next_arrival < t_end:
             self._pending.append(self._new_request(self._next_arrival))
             self._next_arrival = self._draw_next_arrival(self._next_arrival)
-        if not self.stalled and self.sleep_level == 0:
+        if not (self.stalled or self.scheduler_paused or self.sleeping_tags):
             while self.now < t_end:
                 self._enqueue_arrivals(self.now)
                 waiting = self._waiting
@@ -621,11 +630,17 @@ class SimEngine:
             self.truth.gauge_history.append((self.now, self.truth.gauges))
 
     def _update_sleep_gauge(self) -> None:
-        self.gauges["vllm:engine_sleep_state"] = {
-            ("awake",): 1.0 if self.sleep_level == 0 else 0.0,
-            ("weights_offloaded",): 1.0 if self.sleep_level == 1 else 0.0,
-            ("discard_all",): 1.0 if self.sleep_level == 2 else 0.0,
+        awake, offloaded, discarded = self.sleep_state
+        gauge: dict[SeriesKey, float] = {
+            ("awake",): awake,
+            ("weights_offloaded",): offloaded,
+            ("discard_all",): discarded,
         }
+        self.gauges["vllm:engine_sleep_state"] = gauge
+        truth = self.truth.gauges
+        if "vllm:engine_sleep_state" in truth:  # ground truth follows at once (a new dict:
+            # gauge_history keeps the previous one)
+            self.truth.gauges = {**truth, "vllm:engine_sleep_state": dict(gauge)}
 
     # -- faults and controls (call through SimEndpoint, which takes the lock) --------------
     def stall(self, stalled: bool = True) -> None:
@@ -640,16 +655,21 @@ class SimEngine:
         self.slowdown = float(factor)
 
     def sleep(self, level: int = 1) -> None:
-        """vLLM sleep mode (level 1: weights offloaded, 2: discarded): no iterations run."""
-        if level not in (1, 2):
-            raise ValueError("sleep level must be 1 or 2")
-        self.sleep_level = level
+        """vLLM's ``/sleep?level=``: the scheduler pauses (level 0: nothing else), level 1
+        offloads the weights, level 2 discards them; no iteration runs until a full wake-up."""
+        rl_sleep.sleep(self, level)
         self._update_sleep_gauge()
 
-    def wake_up(self) -> None:
-        """Leave sleep mode."""
-        self.sleep_level = 0
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """vLLM's ``/wake_up`` (``tags`` as its query; ``None``: all): whether fully awake."""
+        awake = rl_sleep.wake_up(self, tags)
         self._update_sleep_gauge()
+        return awake
+
+    @property
+    def is_sleeping(self) -> bool:
+        """What ``EngineCore.is_sleeping`` says: scheduler paused or executor asleep."""
+        return self.scheduler_paused or bool(self.sleeping_tags)
 
     def add_lazy_series(self, family: str, value: str, share: float) -> None:
         """From now on ``share`` of the increments of the family's donor child go to a new

@@ -13,7 +13,10 @@
   ``GET /server_info`` / ``/get_server_info`` / ``/model_info`` (SGLang 0.5.23 has no
   ``/version``): ``SimEndpoint.json_route``;
 * vLLM's RL routes (``GET /weight_info``, ``POST /update_weight_version``, ``POST /pause``,
-  ``POST /resume``, ``GET /is_paused``): see :mod:`fleetscope.simulate.rl`.
+  ``POST /resume``, ``GET /is_paused``, ``GET /is_sleeping``, ``POST /sleep``, ``POST
+  /wake_up``, ``POST /release_kv_cache_memory`` and the weight-transfer calls): see
+  :mod:`fleetscope.simulate.rl`. A call held by ``SimRL.hold`` is awaited without blocking
+  the loop (other requests, ``/metrics`` included, are answered meanwhile).
 
 Bodies are rendered once per step (cached by the endpoint) and computed in a worker thread, so
 a fleet step in progress never blocks the event loop. One process comfortably serves 256
@@ -38,6 +41,7 @@ from typing import Any
 from .endpoint import Mode, SimEndpoint
 from .engine import LoadProfile, Role
 from .fleet import SimFleet
+from .rl import PendingCall
 
 HOST = "127.0.0.1"
 _JSON = "application/json"
@@ -283,8 +287,10 @@ class FleetServer:
                     keep_alive = connection != "close"
                 else:
                     keep_alive = connection == "keep-alive"
-                path = target.split("?", 1)[0]
-                keep_alive = await self._respond(endpoint, method, path, writer, keep_alive, body)
+                path, _, query = target.partition("?")
+                keep_alive = await self._respond(
+                    endpoint, method, path, writer, keep_alive, body, query
+                )
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         except asyncio.CancelledError:
@@ -302,9 +308,14 @@ class FleetServer:
         writer: asyncio.StreamWriter,
         keep_alive: bool,
         body: bytes = b"",
+        query: str = "",
     ) -> bool:
         """Write one response; return whether the connection stays open."""
-        rl = endpoint.rl.answer(method, path, body)
+        rl = endpoint.rl.answer(method, path, body, query)
+        if isinstance(rl, PendingCall):  # held in its handler: in flight until released
+            while not rl.released:
+                await asyncio.sleep(0.002)
+            rl = rl.finish()
         if rl is not None:
             data = json.dumps(rl[1]).encode()
             return await self._send(writer, rl[0], _JSON, data, keep_alive, method)
