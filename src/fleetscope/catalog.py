@@ -42,6 +42,8 @@ class Family:
     ``first``/``last``: the first/last version known to define it (None: not checked).
     ``labels``: its labels, space separated; ``breakdown``: those kept apart per engine (the
     others are identity, repeated ranks counted once, or summed: :meth:`label_roles`).
+    ``role_evidence``: what the family tells of the engine's role: ``decode: ...`` (its presence
+    marks a decode server), ``label L: ...`` (label ``L`` names the role).
     ``evidence``: where the mapping or the role comes from.
     """
 
@@ -57,6 +59,7 @@ class Family:
     last: str | None = None
     labels: str = ""
     breakdown: str = ""
+    role_evidence: str = ""  # what this family says of the engine's role (see roles below)
     evidence: str = ""
 
     @property
@@ -135,7 +138,11 @@ SGLANG_IDENTITY_LABELS: tuple[str, ...] = ("dp_rank",)
 SGLANG_RANK_LABELS: tuple[str, ...] = ("pp_rank", "tp_rank", "moe_ep_rank")
 SGLANG_PREFIX = "sglang:"
 #: SGLang's disaggregation role label -> fleetscope role (``unified`` / ``dynamic``: none)
-SGLANG_ROLE_LABEL = "engine_type"
+SGLANG_ROLE_LABEL = next(  # "engine_type", from the table's role evidence
+    f.role_evidence.split()[1].rstrip(":")
+    for f in FAMILIES
+    if f.engine == "sglang" and f.role_evidence.startswith("label ")
+)
 SGLANG_ROLES: dict[str, str] = {"prefill": "prefill", "decode": "decode"}
 #: labels of SGLang's radix-cache and storage collectors, whose ``dp_rank`` is 0 on every DP
 #: replica unless DP attention is on (``radix_cache_metric_labels``): in a body with several
@@ -181,7 +188,9 @@ def canonical_family(name: str) -> tuple[str, bool]:
 # ----------------------------------------------------------------- families the code reads
 
 #: vLLM's KV-consumer gauge: present on servers that fetch KV from a prefill server (decode)
-KV_CONSUMER_FAMILY = "vllm:num_requests_kv_fetch_by_stage"
+KV_CONSUMER_FAMILY = next(
+    f.name for f in FAMILIES if f.engine == "vllm" and f.role_evidence.startswith("decode:")
+)
 #: preemptions counter family (base name, without ``_total``)
 PREEMPTIONS_FAMILY = "vllm:num_preemptions"
 #: the waiting-queue gauge broken down by reason; prime-rl names its children

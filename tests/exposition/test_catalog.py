@@ -205,3 +205,16 @@ def test_the_names_every_stage_reads_are_catalog_families_with_sglang_equivalent
     with pytest.raises(KeyError):  # SGLang's ITL means something else: no equivalent
         catalog.native_name(read[catalog.ITL], "sglang")
     assert catalog.family_of_series("vllm:not_a_family_total") is None
+
+
+def test_role_evidence_is_in_the_table():
+    """Which families tell an engine's role is table data: SGLang's role label on every family
+    that carries it, vLLM's KV-consumer gauge (a decode server); the code reads it from there."""
+    assert catalog.SGLANG_ROLE_LABEL == "engine_type"
+    assert catalog.KV_CONSUMER_FAMILY == "vllm:num_requests_kv_fetch_by_stage"
+    for f in FAMILIES:
+        has_label = "engine_type" in f.labels.split()
+        if f.engine == "sglang":
+            assert f.role_evidence.startswith("label engine_type") == has_label, f.name
+    decode = [f.name for f in FAMILIES if f.role_evidence.startswith("decode:")]
+    assert decode == [catalog.KV_CONSUMER_FAMILY]
