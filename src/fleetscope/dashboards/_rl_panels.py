@@ -9,10 +9,7 @@ vLLM's own series, which say nothing of pauses, versions or the trainer's syncs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from fleetscope.dashboards.wandb_workspace import Panel
+from fleetscope.dashboards._wandb_panels import Panel
 
 RL_SECTION_NAME = "RL loop"
 #: the operations plotted (vLLM's weight-transfer handlers; ``init`` / ``shutdown`` are rare)
@@ -23,8 +20,6 @@ _FLIGHT = "rl_weight_update_operations_in_flight"
 
 def rl_panels(disaggregated: bool, prefix: str = "inference") -> list[Panel]:
     """The RL loop section's panels (role scopes too when ``disaggregated``)."""
-    from fleetscope.dashboards.wandb_workspace import Panel
-
     scopes = ("agg", "prefill", "decode") if disaggregated else ("agg",)
     a, rl, sync = f"{prefix}/agg", f"{prefix}/rl", f"{prefix}/rl/sync"
     ops = [f"{{operation={op}}}" for op in OPERATIONS]
