@@ -200,6 +200,8 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 #: vLLM's engine-less operation histograms (RL weight updates, sleep mode; per ``operation``)
 #: -> their in-flight gauges: keyed per endpoint (fleetscope.endpoint_operations)
 RL_OPERATIONS = "vllm:rl_weight_update_operation_duration_seconds"
+#: vLLM's sleep state per engine (``sleep_state`` = awake / weights_offloaded / discard_all)
+SLEEP_STATE_FAMILY = "vllm:engine_sleep_state"
 OPERATION_FAMILIES: dict[str, str] = {
     RL_OPERATIONS: "vllm:rl_weight_update_operations_in_flight",
     "vllm:sleep_mode_operation_duration_seconds": "vllm:sleep_mode_operations_in_flight",

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from fleetscope import catalog
 from fleetscope._route_probe import RouteProbe, bool_field
 from fleetscope.health import HealthEvent
 from fleetscope.identity import endpoint_of
@@ -42,7 +43,7 @@ from fleetscope.stats.reduce import EngineInput
 
 __all__ = ["SLEEP_STATE_FAMILY", "EngineStates", "asleep_from_gauge"]
 
-SLEEP_STATE_FAMILY = "vllm:engine_sleep_state"
+SLEEP_STATE_FAMILY = catalog.SLEEP_STATE_FAMILY
 IS_PAUSED_ROUTE = "/is_paused"
 IS_SLEEPING_ROUTE = "/is_sleeping"
 # per scope: paused s, asleep s, engine-seconds with a known paused state, with a known sleep state

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from fleetscope import catalog
 from fleetscope._route_probe import WEIGHT_INFO_BYTES, RouteProbe, _Probe
 from fleetscope.health import HealthEvent
 from fleetscope.stats.deltas import EngineDelta
@@ -55,8 +56,8 @@ __all__ = [
 
 WEIGHT_INFO_ROUTE = "/weight_info"
 WEIGHT_INFO_DEADLINE = 2.0
-GENERATION_FAMILY = "vllm:generation_tokens"
-RL_OPERATION_FAMILY = "vllm:rl_weight_update_operation_duration_seconds"
+GENERATION_FAMILY = "vllm:" + catalog.GENERATION_TOKENS.removesuffix("_total")
+RL_OPERATION_FAMILY = catalog.RL_OPERATIONS
 
 
 def _weight_version(info: Any) -> str:
