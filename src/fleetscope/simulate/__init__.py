@@ -14,9 +14,13 @@ Quick use::
     mixed = SimFleet.build(4, dp=2, engine_kind="mixed")  # server0, server2 vLLM; 1, 3 SGLang
     mixed.endpoint("server1").truth_total("sglang:generation_tokens_total")
 
-Pieces: ``vllm_families`` (the catalogue, plain data), ``engine.SimEngine`` (one engine core and
-its load model), ``endpoint.SimEndpoint`` (one API server: registry, modes, faults),
-``fleet.SimFleet`` (endpoints on one clock and lock), ``server.FleetServer`` (asyncio HTTP),
+Pieces: ``vllm_families`` (the catalogue, plain data: ``FamilySpec`` in ``family_spec``, the
+``python_*`` / ``process_*`` / ``http_*`` families in ``vllm_server_families``),
+``engine.SimEngine`` (one engine core: its load in ``engine_load``, its load model in
+``engine_scheduler``, what it records in ``engine_metrics``), ``endpoint.SimEndpoint`` (one API
+server: its exposition in ``endpoint_exposition``, HTTP answers in ``endpoint_http``, faults in
+``endpoint_faults``), ``fleet.SimFleet`` (endpoints on one clock and lock),
+``fleet_server.FleetServer`` (asyncio HTTP), ``server`` (``serve_forever``, the command line),
 ``rl.SimRL`` (``endpoint.rl``: vLLM's RL routes -- pause, weight version, sleep mode in
 ``rl_sleep``, weight transfer in ``rl_transfer``, their timed families in ``rl_metrics`` --
 with a call ledger and ground truth).
@@ -48,8 +52,9 @@ from .endpoint import (
 )
 from .engine import LAZY_SERIES_DONORS, LoadProfile, SimEngine
 from .fleet import SimFleet, endpoint_kinds
+from .fleet_server import FleetServer
 from .ledger import HistogramCounts, Ledger, Truth
-from .server import FleetServer, cli_main, serve_forever
+from .server import cli_main, serve_forever
 from .sglang_endpoint import SglangEndpoint
 from .sglang_engine import SglangEngine
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .endpoint_exposition import _histogram_rows
 from .ledger import HistogramCounts
 
 if TYPE_CHECKING:
@@ -115,8 +116,6 @@ class OperationMetrics:
         Single-process bodies list children in creation order and show a family without
         children (its ``HELP``/``TYPE`` only); multiprocess bodies only families with samples.
         """
-        from .endpoint import _histogram_rows
-
         spec = self.spec
         hist_rows: list[Any] = []
         ops = list(self.histograms) if single else sorted(self.histograms)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .endpoint import SimEndpoint, _Family, _histogram_rows, _Labels, _ProcessState, _Row
+from .endpoint import SimEndpoint, _ProcessState
+from .endpoint_exposition import _Family, _histogram_rows, _Labels, _Row
 from .engine import SimEngine
 from .ledger import Ledger
 from .sglang_engine import SglangEngine

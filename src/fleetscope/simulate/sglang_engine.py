@@ -23,7 +23,8 @@ created on first use, as prometheus_client children are.
 
 from __future__ import annotations
 
-from .engine import SimEngine, SimRequest
+from .engine import SimEngine
+from .engine_load import SimRequest
 from .ledger import SeriesKey
 from .sglang_families import FAMILIES_BY_NAME
 

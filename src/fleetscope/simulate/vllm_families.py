@@ -1,14 +1,16 @@
-"""The catalogue of metric families a vLLM 0.32 API server exposes, as plain data.
+"""The catalogue of ``vllm:`` metric families a vLLM 0.32 API server exposes, as plain data.
 
 Everything here was read off real ``/metrics`` bodies of vLLM 0.32.0
 (``fixtures/vllm-0.32.0-cpu/``): family names exactly as exposed (counters with their
 ``_total`` suffix, histograms by their base name -- note ``vllm:iteration_tokens_total`` is a
-*histogram*), HELP texts byte for byte (the ``http_*`` ones end with a space), types, label names,
-the label values vLLM pre-creates, and histogram bucket bounds.
+*histogram*), HELP texts byte for byte, types, label names, the label values vLLM pre-creates,
+and histogram bucket bounds.
 
 ``FAMILIES`` lists the ``vllm:`` families in the order a single-process server writes them.
 ``PROCESS_FAMILIES`` (``python_*`` / ``process_*``, written first, only in normal mode) and
-``HTTP_FAMILIES`` (prometheus-fastapi-instrumentator's, written last) complete the body.
+``HTTP_FAMILIES`` (prometheus-fastapi-instrumentator's, written last) complete the body: they
+live in :mod:`~fleetscope.simulate.vllm_server_families`; ``FamilySpec`` and the bucket helpers
+in :mod:`~fleetscope.simulate.family_spec` (all re-exported here).
 
 In prometheus multiprocess mode (``--data-parallel-size > 1``) the same families appear grouped by
 type (counters, gauges, summaries, histograms, each group in this order), without ``_created``
@@ -18,41 +20,48 @@ until the engine's first step.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from .family_spec import (
+    MAX_MODEL_LEN_BUCKETS,
+    MULTIPROCESS_KIND_ORDER,
+    FamilySpec,
+    Kind,
+    bucket_bounds,
+    build_1_2_5_buckets,
+)
+from .vllm_server_families import (
+    HTTP_DURATION_BUCKETS,
+    HTTP_FAMILIES,
+    HTTP_HANDLERS,
+    HTTP_HIGHR_BUCKETS,
+    HTTP_LABEL_NAMES,
+    PROCESS_FAMILIES,
+    PYTHON_INFO_LABELS,
+)
 
-Kind = Literal["counter", "gauge", "histogram", "summary"]
-
-#: Bucket-layout marker: 1-2-5 steps up to the server's ``max_model_len`` (vLLM's
-#: ``build_1_2_5_buckets(max_model_len)``); 512 gives ``1, 2, 5, ..., 200, 500``.
-MAX_MODEL_LEN_BUCKETS = "1-2-5 up to max_model_len"
-
-
-class FamilySpec(NamedTuple):
-    """One metric family as vLLM exposes it.
-
-    Attributes:
-        name: the name on the ``# TYPE`` line (counters keep ``_total``).
-        kind: ``counter``, ``gauge``, ``histogram`` or ``summary``.
-        help: the HELP text, exactly.
-        label: the one breakdown label besides ``engine``/``model_name`` (``finished_reason``,
-            ``source``...), or ``None``.
-        label_values: the values vLLM creates for ``label`` at start-up, in exposition order.
-        per_engine: whether the family carries the ``engine`` label (``admission_rejections``
-            is per API server, not per engine).
-        buckets: finite bucket bounds of a histogram, or ``MAX_MODEL_LEN_BUCKETS``.
-        set_each_step: gauge written by the per-step stats logger (absent in multiprocess mode
-            until the engine's first step).
-    """
-
-    name: str
-    kind: Kind
-    help: str
-    label: str | None = None
-    label_values: tuple[str, ...] = ()
-    per_engine: bool = True
-    buckets: tuple[float, ...] | str = ()
-    set_each_step: bool = False
-
+__all__ = [
+    "CACHE_CONFIG_INFO_LABELS",
+    "FAMILIES",
+    "FAMILIES_BY_NAME",
+    "HTTP_DURATION_BUCKETS",
+    "HTTP_FAMILIES",
+    "HTTP_HANDLERS",
+    "HTTP_HIGHR_BUCKETS",
+    "HTTP_LABEL_NAMES",
+    "ITERATION_TOKENS_BUCKETS",
+    "MAX_MODEL_LEN_BUCKETS",
+    "MULTIPROCESS_KIND_ORDER",
+    "NUM_PREEMPTIONS_BUCKETS",
+    "PROCESS_FAMILIES",
+    "PYTHON_INFO_LABELS",
+    "REQUEST_LATENCY_BUCKETS",
+    "REQUEST_PARAMS_N_BUCKETS",
+    "TOKEN_LATENCY_BUCKETS",
+    "TTFT_BUCKETS",
+    "FamilySpec",
+    "Kind",
+    "bucket_bounds",
+    "build_1_2_5_buckets",
+]
 
 # Bucket layouts seen in vLLM 0.32.
 ITERATION_TOKENS_BUCKETS: tuple[float, ...] = (
@@ -72,11 +81,6 @@ REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 NUM_PREEMPTIONS_BUCKETS: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
-HTTP_HIGHR_BUCKETS: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0,
-    7.5, 10.0, 30.0, 60.0,
-)  # fmt: skip
-HTTP_DURATION_BUCKETS: tuple[float, ...] = (0.1, 0.5, 1.0)
 
 _MFU = "(for Model Flops Utilization calculations)."
 _REQ_PHASE = "Histogram of time spent in {} phase for request."
@@ -315,124 +319,6 @@ FAMILIES: tuple[FamilySpec, ...] = (
 #: ``vllm:`` families by name.
 FAMILIES_BY_NAME: dict[str, FamilySpec] = {f.name: f for f in FAMILIES}
 
-#: Families with process-lifetime (not per-engine) values, written first in normal mode only.
-#: Label names of the labelled ones: ``python_gc_*`` -> ``generation``; ``python_info`` -> the
-#: ``PYTHON_INFO_LABELS`` keys.
-PROCESS_FAMILIES: tuple[FamilySpec, ...] = (
-    FamilySpec(
-        "python_gc_objects_collected_total",
-        "counter",
-        "Objects collected during gc",
-        label="generation",
-        label_values=("0", "1", "2"),
-        per_engine=False,
-    ),
-    FamilySpec(
-        "python_gc_objects_uncollectable_total",
-        "counter",
-        "Uncollectable objects found during GC",
-        label="generation",
-        label_values=("0", "1", "2"),
-        per_engine=False,
-    ),
-    FamilySpec(
-        "python_gc_collections_total",
-        "counter",
-        "Number of times this generation was collected",
-        label="generation",
-        label_values=("0", "1", "2"),
-        per_engine=False,
-    ),
-    FamilySpec("python_info", "gauge", "Python platform information", per_engine=False),
-    FamilySpec(
-        "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", per_engine=False
-    ),
-    FamilySpec(
-        "process_resident_memory_bytes",
-        "gauge",
-        "Resident memory size in bytes.",
-        per_engine=False,
-    ),
-    FamilySpec(
-        "process_start_time_seconds",
-        "gauge",
-        "Start time of the process since unix epoch in seconds.",
-        per_engine=False,
-    ),
-    FamilySpec(
-        "process_cpu_seconds_total",
-        "counter",
-        "Total user and system CPU time spent in seconds.",
-        per_engine=False,
-    ),
-    FamilySpec("process_open_fds", "gauge", "Number of open file descriptors.", per_engine=False),
-    FamilySpec(
-        "process_max_fds", "gauge", "Maximum number of open file descriptors.", per_engine=False
-    ),
-)
-
-PYTHON_INFO_LABELS: dict[str, str] = {
-    "implementation": "CPython",
-    "major": "3",
-    "minor": "11",
-    "patchlevel": "7",
-    "version": "3.11.7",
-}
-
-#: prometheus-fastapi-instrumentator families of the API server (per endpoint, no ``engine``).
-#: Label names: ``http_requests_total`` -> handler, method, status; the two summaries ->
-#: handler; ``http_request_duration_seconds`` -> handler, method; ``..._highr_seconds`` -> none.
-HTTP_FAMILIES: tuple[FamilySpec, ...] = (
-    FamilySpec(
-        "http_requests_total",
-        "counter",
-        "Total number of requests by method, status and handler.",
-        per_engine=False,
-    ),
-    FamilySpec(
-        "http_request_size_bytes",
-        "summary",
-        "Content length of incoming requests by handler. Only value of header is respected."
-        " Otherwise ignored. No percentile calculated. ",
-        per_engine=False,
-    ),
-    FamilySpec(
-        "http_response_size_bytes",
-        "summary",
-        "Content length of outgoing responses by handler. Only value of header is respected."
-        " Otherwise ignored. No percentile calculated. ",
-        per_engine=False,
-    ),
-    FamilySpec(
-        "http_request_duration_highr_seconds",
-        "histogram",
-        "Latency with many buckets but no API specific labels. Made for more accurate percentile"
-        " calculations. ",
-        per_engine=False,
-        buckets=HTTP_HIGHR_BUCKETS,
-    ),
-    FamilySpec(
-        "http_request_duration_seconds",
-        "histogram",
-        "Latency with only few buckets by handler. Made to be only used if aggregation by handler"
-        " is important. ",
-        per_engine=False,
-        buckets=HTTP_DURATION_BUCKETS,
-    ),
-)
-
-#: Label names of the HTTP families (children appear when the first request of a handler ends).
-HTTP_LABEL_NAMES: dict[str, tuple[str, ...]] = {
-    "http_requests_total": ("handler", "method", "status"),
-    "http_request_size_bytes": ("handler",),
-    "http_response_size_bytes": ("handler",),
-    "http_request_duration_highr_seconds": (),
-    "http_request_duration_seconds": ("handler", "method"),
-}
-
-#: The OpenAI routes the simulated requests go through.
-HTTP_HANDLERS: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions")
-
 #: ``vllm:cache_config_info`` labels of vLLM 0.32 with the fixture's values (as strings, the way
 #: vLLM writes them). ``block_size``, ``num_gpu_blocks``, ``kv_cache_size_tokens``,
 #: ``kv_cache_max_concurrency``, ``effective_attention_block_size`` and
@@ -475,31 +361,3 @@ CACHE_CONFIG_INFO_LABELS: dict[str, str] = {
     "use_replayssm": "False",
     "user_specified_block_size": "False",
 }
-
-#: Order of family types in a multiprocess-mode body.
-MULTIPROCESS_KIND_ORDER: dict[str, int] = {"counter": 0, "gauge": 1, "summary": 2, "histogram": 3}
-
-
-def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
-    """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, 20, 50, ... while ``<= max_value``.
-
-    >>> build_1_2_5_buckets(512)
-    (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0)
-    """
-    out: list[float] = []
-    exponent = 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_value:
-                return tuple(out)
-            out.append(float(value))
-        exponent += 1
-
-
-def bucket_bounds(spec: FamilySpec, max_model_len: int) -> tuple[float, ...]:
-    """The finite bucket bounds of histogram ``spec`` on a server with ``max_model_len``."""
-    if spec.buckets == MAX_MODEL_LEN_BUCKETS:
-        return build_1_2_5_buckets(max_model_len)
-    assert isinstance(spec.buckets, tuple)
-    return spec.buckets
