@@ -332,12 +332,23 @@ def real_run(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def real_rl(real_run: RealRun):
     """The RL phase (tests/real/rl_scenario.py), after the main scenario, with its Prometheus."""
-    from real.rl_scenario import rl_scenario
+    from real.rl_scenario import WINDOW, rl_scenario
 
     t0 = time.monotonic()
     rl = asyncio.run(rl_scenario(real_run.urls, real_run.prom, real_run.out_dir))
     print(
-        f"\nreal vLLM RL phase: {time.monotonic() - t0:.1f} s; calls: "
+        f"\nreal vLLM RL phase: {time.monotonic() - t0:.1f} s; {len(rl.views)} polls "
+        f"({len(rl.phase('settle'))} settling); window {WINDOW}: "
+        + ", ".join(
+            f"{k} {rl.window.get(f'inference/{WINDOW}/rl/{k}')}"
+            for k in (
+                "generation_tokens",
+                "stale_generation_tokens",
+                "unknown_version_generation_tokens",
+                "max_version_lag",
+            )
+        )
+        + "; calls: "
         + ", ".join(f"{c.server} {c.method} {c.path} {c.status}" for c in rl.calls)
     )
     return rl
