@@ -24,6 +24,9 @@ __all__ = ["COMBINED", "IDLE", "Accumulator", "Window", "WindowError", "WindowSe
 
 IDLE = "idle"
 COMBINED = "combined"
+#: names under ``inference/`` that other keys use: a window so named would mix its keys with
+#: theirs (``inference/rl/...`` are the RL keys of every poll)
+KEY_SCOPES = frozenset({"agg", "prefill", "decode", "rl", "health", "collector", "endpoints"})
 
 
 class WindowError(RuntimeError):
@@ -37,6 +40,8 @@ def check_action(action: str, label: str, active: Collection[str], paused: Colle
     if action == "start":
         if label in (IDLE, COMBINED):
             raise WindowError(f"{label!r} is reserved for the run summary")
+        if label in KEY_SCOPES:
+            raise WindowError(f"{label!r} names other keys (inference/{label}/...): not a window")
         if open_:
             raise WindowError(f"window {label!r} is already open; stop it first")
     elif action == "pause" and label not in active:

@@ -430,6 +430,8 @@ async def test_window_misuse_raises_and_takes_no_scrape() -> None:
         await refused(train.astop(), r"cannot stop window 'train': it is not open")
         await refused(c.window("idle").astart(), r"'idle' is reserved")
         await refused(c.window("combined").astart(), r"'combined' is reserved")
+        for scope in ("rl", "agg", "decode", "health"):  # names of other keys' scopes
+            await refused(c.window(scope).astart(), rf"'{scope}' names other keys")
         await train.astart()
         await refused(train.astart(), r"window 'train' is already open; stop it first")
         await refused(train.aresume(), r"cannot resume window 'train': it is active")
