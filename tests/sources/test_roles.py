@@ -57,7 +57,7 @@ class RouteServer(FleetServer):
         self.kv_consumers = set(kv_consumers)
         self.requests: Counter[tuple[str, str]] = Counter()
 
-    async def _respond(self, endpoint, method, path, writer, keep_alive, body=b""):  # type: ignore[override]
+    async def _respond(self, endpoint, method, path, writer, keep_alive, body=b"", query=""):  # type: ignore[override]
         self.requests[(endpoint.name, path)] += 1
         if path == WORKER_INFO and endpoint.name in self.no_worker_info:
             body = b'{"detail":"Not Found"}'
@@ -65,7 +65,7 @@ class RouteServer(FleetServer):
         if path == "/metrics" and endpoint.name in self.kv_consumers:
             body = endpoint.render() + kv_consumer_lines(endpoint)
             return await self._send(writer, 200, CONTENT_TYPE_LATEST, body, keep_alive, method)
-        return await super()._respond(endpoint, method, path, writer, keep_alive, body)
+        return await super()._respond(endpoint, method, path, writer, keep_alive, body, query)
 
     def asked(self, name: str) -> int:
         return self.requests[(name, WORKER_INFO)]
