@@ -20,11 +20,15 @@ naming the endpoint and the names.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from fleetscope._backoff import Backoff
 from fleetscope.catalog import (
@@ -38,6 +42,7 @@ from fleetscope.catalog import (
     WAITING,
     Family,
 )
+from fleetscope.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.sources._http_client import ScrapeError, describe, get_json
 from fleetscope.sources.base import ScrapeResult
 
@@ -94,6 +99,11 @@ def _in_range(f: Family, version: str | None) -> bool:
 def expected_families(kind: str, version: str | None) -> dict[str, tuple[str, ...]]:
     """Headline metric -> the ``kind`` family names (catalog base names, any one suffices)
     that the catalog maps or queries for it at ``version`` (None: every version)."""
+    return dict(_expected_families(kind, version))
+
+
+@functools.lru_cache(maxsize=64)
+def _expected_families(kind: str, version: str | None) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for canonical in HEADLINE_FAMILIES:
         names = tuple(
@@ -122,38 +132,62 @@ def body_families(expo: Exposition) -> set[str]:
     return out
 
 
-_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
+_GENERATED = "vllm:" + GENERATION_TOKENS.removesuffix("_total")  # SGLang's is parsed so too
+_HEADLINES = frozenset(HEADLINE_FAMILIES)
+
+
+@dataclass(frozen=True, slots=True)
+class _LayoutFacts:
+    """What the check reads of one layout: the generation counter's slots, and the slots of
+    each headline family it has (a histogram by its ``_count``)."""
+
+    generated: np.ndarray
+    headlines: tuple[tuple[str, np.ndarray], ...]
+
+
+_FACTS: weakref.WeakKeyDictionary[EngineLayout, _LayoutFacts] = weakref.WeakKeyDictionary()
+
+
+def _facts(layout: EngineLayout) -> _LayoutFacts:
+    found = _FACTS.get(layout)
+    if found is None:
+        slots: dict[str, list[int]] = {}
+        for c in layout.counters:
+            slots.setdefault(c.name, []).append(c.slot)
+        for g in layout.gauges:
+            slots.setdefault(g.name, []).append(g.slot)
+        for h in layout.histograms:
+            if h.count >= 0:
+                slots.setdefault(h.name, []).append(h.count)
+        found = _LayoutFacts(
+            np.array(slots.get(_GENERATED, []), dtype=np.intp),
+            tuple((n, np.array(v, dtype=np.intp)) for n, v in slots.items() if n in _HEADLINES),
+        )
+        _FACTS[layout] = found
+    return found
+
+
+def _snapshots(expo: Exposition) -> list[EngineSnapshot]:
+    return [s for s in (*expo.values(), expo.endpoint) if s is not None]
 
 
 def sampled_families(expo: Exposition) -> set[str]:
-    """Parsed (canonical) base names of the families with at least one sample in the body."""
+    """The headline families (parsed, canonical names) with at least one sample in the body
+    (a gauge missing from this scrape is NaN)."""
     out = set()
-    for snap in (*expo.values(), expo.endpoint):
-        if snap is None:
-            continue
-        for series, i in snap.layout.index.items():
-            if snap.data[i] != snap.data[i]:  # NaN: a gauge missing from this scrape
-                continue
-            name = series.split("{", 1)[0]
-            for suffix in _SUFFIXES:
-                if name.endswith(suffix):
-                    name = name[: -len(suffix)]
-                    break
-            out.add(name)
+    for snap in _snapshots(expo):
+        for name, slots in _facts(snap.layout).headlines:
+            if name not in out and not np.isnan(snap.data[slots]).all():
+                out.add(name)
     return out
-
-
-_GENERATED = "vllm:" + GENERATION_TOKENS  # SGLang's counter is parsed under this name
 
 
 def served(expo: Exposition) -> bool:
     """Whether the body shows generated tokens (a server that has served requests)."""
-    for snap in (*expo.values(), expo.endpoint):
-        if snap is None:
-            continue
-        for series, i in snap.layout.index.items():
-            if series.startswith(_GENERATED) and snap.data[i] > 0:
-                return True
+    for snap in _snapshots(expo):
+        slots = _facts(snap.layout).generated
+        if slots.size and bool((snap.data[slots] > 0).any()):
+            return True
     return False
 
 
@@ -274,7 +308,8 @@ class ServerVersions:
     def _observe(self, name: str, p: _Probe, expo: Exposition) -> None:
         if p.judged:
             return
-        p.kind = engine_kind(body_families(expo)) or p.kind
+        if p.kind is None:  # a body's engine kind does not change: read it once
+            p.kind = engine_kind(body_families(expo))
         # the counters exist at 0 before the first request, while a multiprocess server's
         # per-step gauges (and SGLang's tokenizer families) appear only once it served: only
         # bodies that show generated tokens are judged, on the families that have samples
