@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -183,6 +183,26 @@ def canonical_family(name: str) -> tuple[str, bool]:
     if renamed is not None:
         return renamed, name in SUPERSEDED
     return name, False
+
+
+_KIND_PREFIXES = {p: p[:-1] for p in RAY_PREFIXES.values()} | {
+    ray: mapped[:-1] for ray, mapped in RAY_PREFIXES.items()
+}  # "vllm:" -> "vllm", "ray_sglang_" -> "sglang", ...
+
+
+def engine_kind(families: Iterable[str]) -> str | None:
+    """``"vllm"`` or ``"sglang"`` from a body's declared family names, Ray's prefixes too
+    (None: neither). SGLang bodies never carry ``vllm:`` families; a Ray body mixing both is
+    called SGLang."""
+    seen: set[str] = set()
+    for name in families:
+        for prefix, kind in _KIND_PREFIXES.items():
+            if name.startswith(prefix):
+                seen.add(kind)
+                break
+        if "sglang" in seen:
+            return "sglang"
+    return "vllm" if "vllm" in seen else None
 
 
 # ----------------------------------------------------------------- families the code reads

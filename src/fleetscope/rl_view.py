@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fleetscope.catalog import RAY_PREFIXES
+from fleetscope.catalog import engine_kind
 
 if TYPE_CHECKING:
     from fleetscope.rl_state import EngineStates
@@ -20,22 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["KIND_NAMES", "EndpointInfo", "endpoint_info", "engine_kind"]
 
 KIND_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
-_PREFIXES = {p: p[:-1] for p in RAY_PREFIXES.values()} | {
-    ray: mapped[:-1] for ray, mapped in RAY_PREFIXES.items()
-}  # "vllm:" -> "vllm", "ray_sglang_" -> "sglang", ...
-
-
-def engine_kind(families: Iterable[str]) -> str | None:
-    """``"vllm"`` or ``"sglang"`` from a body's declared family names (None: neither)."""
-    seen: set[str] = set()
-    for name in families:
-        for prefix, kind in _PREFIXES.items():
-            if name.startswith(prefix):
-                seen.add(kind)
-                break
-        if "sglang" in seen:  # SGLang bodies never carry vllm: families; Ray mixes: SGLang
-            return "sglang"
-    return "vllm" if "vllm" in seen else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import functools
 import re
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -36,11 +36,11 @@ from fleetscope.catalog import (
     GENERATION_TOKENS,
     KV_USAGE,
     PROMPT_TOKENS,
-    RAY_PREFIXES,
     RUNNING,
     TTFT,
     WAITING,
     Family,
+    engine_kind,
 )
 from fleetscope.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.sources._http_client import ScrapeError, describe, get_json
@@ -120,18 +120,6 @@ def _expected_families(kind: str, version: str | None) -> dict[str, tuple[str, .
     return out
 
 
-def body_families(expo: Exposition) -> set[str]:
-    """Base family names of a body as exposed (``_total`` stripped, Ray's prefix undone)."""
-    out = set()
-    for name in expo.types:
-        for ray, prefix in RAY_PREFIXES.items():
-            if name.startswith(ray):
-                name = prefix + name[len(ray) :]
-                break
-        out.add(name.removesuffix("_total"))
-    return out
-
-
 _GENERATED = "vllm:" + GENERATION_TOKENS.removesuffix("_total")  # SGLang's is parsed so too
 _HEADLINES = frozenset(HEADLINE_FAMILIES)
 
@@ -189,17 +177,6 @@ def served(expo: Exposition) -> bool:
         if slots.size and bool((snap.data[slots] > 0).any()):
             return True
     return False
-
-
-def engine_kind(names: Iterable[str]) -> str | None:
-    """``sglang`` if any family is SGLang's, else ``vllm`` if any is vLLM's, else None."""
-    kind = None
-    for n in names:
-        if n.startswith("sglang:"):
-            return "sglang"
-        if n.startswith("vllm:"):
-            kind = "vllm"
-    return kind
 
 
 def _definite(e: BaseException) -> bool:
@@ -309,7 +286,7 @@ class ServerVersions:
         if p.judged:
             return
         if p.kind is None:  # a body's engine kind does not change: read it once
-            p.kind = engine_kind(body_families(expo))
+            p.kind = engine_kind(expo.types)
         # the counters exist at 0 before the first request, while a multiprocess server's
         # per-step gauges (and SGLang's tokenizer families) appear only once it served: only
         # bodies that show generated tokens are judged, on the families that have samples
