@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_poll import Server, Ticker, ticker_idle
 
 from fleetscope.exposition import MAX_BODY_BYTES
-from fleetscope.sources._http_client import (
+from fleetscope.sources.http.client import (
     ACCEPT,
     TEXT_TYPES,
     ScrapeError,
@@ -59,7 +59,7 @@ from fleetscope.sources._http_client import (
     get_capped,
     new_client,
 )
-from fleetscope.sources._wire import WireClient
+from fleetscope.sources.http.wire import WireClient
 
 Fetch = Callable[[str], Awaitable[bytes]]
 HEADERS = {"Accept": ACCEPT}

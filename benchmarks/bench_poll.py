@@ -77,7 +77,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def serve(endpoints: int, dp: int, seed: int) -> None:
     """Server process: build and serve the fleet; stdin ``step`` -> step 1 s; ``quit``."""
-    from fleetscope.simulate import FleetServer, SimFleet
+    from fleetscope_sim import FleetServer, SimFleet
 
     fleet = SimFleet.build(endpoints, dp=dp, seed=seed, record_observations=False)
     fleet.step(5.0)
@@ -248,7 +248,7 @@ async def measure(
 
 
 def make_fleetscope(name: str, urls: list[str], args: argparse.Namespace, tmp: Path) -> Mode:
-    from fleetscope.collector import Collector
+    from fleetscope.collector.core import Collector
     from fleetscope.sinks.jsonl import JsonlSink
 
     # the last poll (at stop) sees a frozen fleet: no health warnings for "stalled" engines

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fleetscope.exposition import Parser
-from fleetscope.fleet import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope.keys import KeyOptions, poll_keys
 from fleetscope.stats.baselines import Baselines
 from fleetscope.stats.reduce import EngineInput, reduce_poll

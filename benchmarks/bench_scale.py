@@ -43,7 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 SERVER_CODE = """
 import sys
-from fleetscope.simulate import FleetServer, LoadProfile, SimFleet
+from fleetscope_sim import FleetServer, LoadProfile, SimFleet
 endpoints, dp, step, rate, warm = int(sys.argv[1]), int(sys.argv[2]), *map(float, sys.argv[3:6])
 fleet = SimFleet.build(endpoints, dp=dp, seed=1, record_observations=False,
                        load=LoadProfile(arrival_rate=rate))
@@ -138,7 +138,7 @@ async def _poll_grid(collector, polls: int, interval: float, usage) -> dict:
 
 
 def run_single(urls: list[str], engines: int, polls: int, interval: float) -> dict:
-    from fleetscope.collector import Collector
+    from fleetscope.collector.core import Collector
 
     async def main() -> dict:
         c = Collector(
@@ -168,7 +168,7 @@ def run_single(urls: list[str], engines: int, polls: int, interval: float) -> di
 def run_sharded(urls: list[str], engines: int, polls: int, interval: float, shards: list[int]):
     import ray
 
-    from fleetscope.sharded import ShardedCollector
+    from fleetscope.collector.sharded import ShardedCollector
 
     tmp = tempfile.mkdtemp(prefix="fsbench-", dir="/tmp")
     os.environ["RAY_AUTH_MODE"] = "disabled"

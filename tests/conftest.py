@@ -205,7 +205,7 @@ def promql_bucket_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> 
 @pytest.fixture(params=["inline", "process"])
 def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "process":
-        import fleetscope.isolation as iso
+        import fleetscope.collector.process as iso
 
         def every_collector(endpoints: Sequence[object], options: Mapping[str, Any]) -> bool:
             cfg = options.get("config")

@@ -18,23 +18,23 @@ __version__ = "0.1.0"
 
 # name -> module it lives in (imported on first use: some need an optional extra)
 _EXPORTS: dict[str, str] = {
-    "Collector": "fleetscope.collector",
-    "CollectorConfig": "fleetscope.config",
-    "WindowHandle": "fleetscope.boundaries",
-    "WindowError": "fleetscope.windows",
-    "WeightSyncHandle": "fleetscope.weight_sync",
-    "FleetView": "fleetscope.view",
-    "EngineLoad": "fleetscope.view",
+    "Collector": "fleetscope.collector.core",
+    "CollectorConfig": "fleetscope.fleet.config",
+    "WindowHandle": "fleetscope.collector.handles",
+    "WindowError": "fleetscope.stats.windows",
+    "WeightSyncHandle": "fleetscope.rl.weight_sync",
+    "FleetView": "fleetscope.fleet.view",
+    "EngineLoad": "fleetscope.fleet.view",
     "EngineId": "fleetscope.identity",
-    "Endpoint": "fleetscope.sources.http",
-    "HttpSource": "fleetscope.sources.http",
+    "Endpoint": "fleetscope.sources.http.source",
+    "HttpSource": "fleetscope.sources.http.source",
     "Source": "fleetscope.sources.base",
     "ScrapeResult": "fleetscope.sources.base",
     "PrometheusSource": "fleetscope.sources.prometheus",
-    "RaySource": "fleetscope.sources.ray",
-    "RayIdentity": "fleetscope.sources.ray",
-    "ShardedCollector": "fleetscope.sharded",
-    "ShardedSource": "fleetscope.sharded",
+    "RaySource": "fleetscope.sources.ray.source",
+    "RayIdentity": "fleetscope.sources.ray.source",
+    "ShardedCollector": "fleetscope.collector.sharded",
+    "ShardedSource": "fleetscope.collector.sharded",
     "Sink": "fleetscope.sinks.base",
     "JsonlSink": "fleetscope.sinks.jsonl",
     "read_jsonl": "fleetscope.sinks.jsonl",
@@ -43,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "TensorBoardSink": "fleetscope.sinks.tensorboard",
     "MlflowSink": "fleetscope.sinks.mlflow",
     "GrafanaAnnotator": "fleetscope.sinks.grafana",
-    "stop_on_signals": "fleetscope.signals",
+    "stop_on_signals": "fleetscope.collector.signals",
     "HealthThresholds": "fleetscope.health",
     "HealthEvent": "fleetscope.health",
     "parse": "fleetscope.exposition",
@@ -103,14 +103,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from fleetscope.boundaries import WindowHandle
-    from fleetscope.collector import Collector
-    from fleetscope.config import CollectorConfig
+    from fleetscope.collector.handles import WindowHandle
+    from fleetscope.collector.core import Collector
+    from fleetscope.fleet.config import CollectorConfig
     from fleetscope.exposition import Exposition, ExpositionError, Parser, parse
     from fleetscope.health import HealthEvent, HealthThresholds
     from fleetscope.identity import EngineId
-    from fleetscope.sharded import ShardedCollector, ShardedSource
-    from fleetscope.signals import stop_on_signals
+    from fleetscope.collector.sharded import ShardedCollector, ShardedSource
+    from fleetscope.collector.signals import stop_on_signals
     from fleetscope.sinks.base import Sink
     from fleetscope.sinks.grafana import GrafanaAnnotator
     from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
@@ -119,9 +119,9 @@ if TYPE_CHECKING:
     from fleetscope.sinks.terminal import TerminalSink
     from fleetscope.sinks.wandb import WandbSink
     from fleetscope.sources.base import ScrapeResult, Source
-    from fleetscope.sources.http import Endpoint, HttpSource
+    from fleetscope.sources.http.source import Endpoint, HttpSource
     from fleetscope.sources.prometheus import PrometheusSource
-    from fleetscope.sources.ray import RayIdentity, RaySource
-    from fleetscope.view import EngineLoad, FleetView
-    from fleetscope.weight_sync import WeightSyncHandle
-    from fleetscope.windows import WindowError
+    from fleetscope.sources.ray.source import RayIdentity, RaySource
+    from fleetscope.fleet.view import EngineLoad, FleetView
+    from fleetscope.rl.weight_sync import WeightSyncHandle
+    from fleetscope.stats.windows import WindowError

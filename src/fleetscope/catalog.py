@@ -218,7 +218,7 @@ PREEMPTIONS_FAMILY = "vllm:num_preemptions"
 WAITING_BY_REASON_FAMILY = "vllm:num_requests_waiting_by_reason"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 #: vLLM's engine-less operation histograms (RL weight updates, sleep mode; per ``operation``)
-#: -> their in-flight gauges: keyed per endpoint (fleetscope.endpoint_operations)
+#: -> their in-flight gauges: keyed per endpoint (fleetscope.rl.operations)
 RL_OPERATIONS = "vllm:rl_weight_update_operation_duration_seconds"
 #: vLLM's sleep state per engine (``sleep_state`` = awake / weights_offloaded / discard_all)
 SLEEP_STATE_FAMILY = "vllm:engine_sleep_state"

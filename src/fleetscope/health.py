@@ -16,10 +16,10 @@ Evaluated on every poll's per-engine metrics, with thresholds you can set. Condi
 * ``scrape_failed`` — the endpoint did not answer with a valid exposition;
 * ``stale_version`` — the engine's endpoint still serves an older policy version
   ``stale_seconds`` after the trainer announced a newer one (judged by
-  :mod:`fleetscope.versions`, which knows the versions);
+  :mod:`fleetscope.rl.versions`, which knows the versions);
 * ``engine_paused`` — the engine is paused or asleep for ``paused_seconds`` in a row while no
   weight sync is open, i.e. while the trainer thinks it is generating (judged by
-  :mod:`fleetscope.rl_state`; the time inside a sync never counts).
+  :mod:`fleetscope.rl.states`; the time inside a sync never counts).
 
 The RL conditions (``stale_version``, ``engine_paused``) are docs/rl-lifecycle.md §3.
 
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fleetscope import catalog
-from fleetscope.fleet import PollResult
+from fleetscope.fleet.state import PollResult
 
 CONDITIONS: tuple[str, ...] = (
     "generation_stalled",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import read_jsonl
 
 DEADLINE_S = 120  # generous for a loaded machine: a bound on waiting, not an expected time
@@ -137,7 +137,7 @@ class FakeBackgroundCollector:
 def test_stop_on_signals_background_thread_mode_chains_previous_handler() -> None:
     """Thread mode: the handler only flags; a watcher thread stops the collector; then the
     previous Python handler runs, in the main thread."""
-    from fleetscope.signals import stop_on_signals
+    from fleetscope.collector.signals import stop_on_signals
 
     calls: list[tuple[int, str]] = []
 
@@ -164,8 +164,8 @@ def test_stop_on_signals_asyncio_mode_stops_a_real_collector(tmp_path: Path, sim
     sink and the collector is closed."""
     import asyncio
 
-    from fleetscope.collector import Collector
-    from fleetscope.signals import stop_on_signals
+    from fleetscope.collector.core import Collector
+    from fleetscope.collector.signals import stop_on_signals
     from fleetscope.sinks.jsonl import JsonlSink
 
     out = tmp_path / "lib.jsonl"
@@ -188,8 +188,8 @@ def test_stop_on_signals_asyncio_mode_stops_a_real_collector(tmp_path: Path, sim
 
 BACKGROUND_SCRIPT = """
 import sys, time
-from fleetscope.collector import Collector
-from fleetscope.signals import stop_on_signals
+from fleetscope.collector.core import Collector
+from fleetscope.collector.signals import stop_on_signals
 from fleetscope.sinks.jsonl import JsonlSink
 
 c = Collector([sys.argv[1]], interval=0.3, sinks=[JsonlSink(sys.argv[2])])

@@ -13,7 +13,7 @@ from pathlib import Path
 from test_cli_watch import DEADLINE_S, base_env, fleetscope_cmd, wait_until
 
 from fleetscope.cli._policy_file import PolicyVersionFile
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import read_jsonl
 
 

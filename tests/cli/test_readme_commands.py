@@ -3,7 +3,7 @@
 
 What is changed, and only that: the README's placeholder servers (``http://gpu0:8000``,
 ``http://p0:8000``...: hosts that do not exist here) are replaced by simulated vLLM servers
-(``fleetscope.simulate``) on loopback ports the OS picks, one per distinct placeholder, and
+(``fleetscope_sim``) on loopback ports the OS picks, one per distinct placeholder, and
 files the commands name (``before.prom``, ``fleet.txt``) are created in the working folder.
 ``fleetscope simulate --endpoints 4 --dp 2 --port-base 18000`` runs as written, on its ports.
 Commands that run until stopped are stopped with SIGTERM once they have shown a poll (an
@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from conftest import ROOT, VLLM_DIR
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope_sim import FleetServer, SimFleet
 
 ROOT = ROOT
 README = ROOT / "README.md"

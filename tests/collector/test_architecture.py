@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 import fleetscope
-from fleetscope.collector import Collector
+from fleetscope.collector.core import Collector
 from fleetscope.identity import EngineId
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.base import EventSink, PollSink, RunSink, Sink, WindowSink
 from fleetscope.sources.base import MembershipSource, Source
-from fleetscope.sources.http import Endpoint, HttpSource
+from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.prometheus import PrometheusSource
 
 
@@ -84,7 +84,7 @@ async def test_removing_an_endpoint_drops_exactly_its_engines():
 def test_every_source_implements_the_one_protocol():
     assert isinstance(HttpSource(), Source) and isinstance(HttpSource(), MembershipSource)
     assert isinstance(PrometheusSource("http://127.0.0.1:9"), Source)
-    from fleetscope.sources.ray import RaySource
+    from fleetscope.sources.ray.source import RaySource
 
     assert isinstance(RaySource(), Source)
 
@@ -194,7 +194,7 @@ async def test_declared_sink_hooks_are_all_called_in_order():
 async def test_sharded_shards_receive_every_option():
     """Headers, TLS verification, the body cap and model groups reach every shard (they were
     dropped when shards built their own HTTP source from two options)."""
-    from fleetscope.sharded import ShardedCollector
+    from fleetscope.collector.sharded import ShardedCollector
     from support.ray_cluster import local_ray
 
     fleet = SimFleet(seed=2)

@@ -29,11 +29,11 @@ import httpx
 import pytest
 
 from conftest import promql_bucket_quantile
-from fleetscope._warn import RateLimitedWarner
-from fleetscope.collector import Collector, FleetView
-from fleetscope.simulate import FleetServer, SimEndpoint, SimFleet
-from fleetscope.sources.http import Endpoint
-from fleetscope.view import counter_increase
+from fleetscope.util.warn import RateLimitedWarner
+from fleetscope.collector.core import Collector, FleetView
+from fleetscope_sim import FleetServer, SimEndpoint, SimFleet
+from fleetscope.sources.http.source import Endpoint
+from fleetscope.fleet.view import counter_increase
 from support.simclock import keep_clock_ahead
 
 COUNTERS = (

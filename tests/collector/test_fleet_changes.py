@@ -16,9 +16,9 @@ from contextlib import asynccontextmanager
 import pytest
 
 from conftest import ROOT
-from fleetscope.collector import Collector, FleetView
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources.http import Endpoint
+from fleetscope.collector.core import Collector, FleetView
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.source import Endpoint
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
@@ -287,7 +287,7 @@ def test_a_new_process_is_expected_only_from_its_start():
     from fleetscope.exposition import Parser
     from fleetscope.stats.baselines import Baselines
     from fleetscope.stats.reduce import EngineInput
-    from fleetscope.windows import WindowSet
+    from fleetscope.stats.windows import WindowSet
 
     body = fixture_text("single_after.prom")
     parser, base = Parser(), Baselines()

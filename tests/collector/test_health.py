@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 
 from conftest import KV_PRESSURE_LOAD
-from fleetscope.collector import Collector, FleetView
+from fleetscope.collector.core import Collector, FleetView
 from fleetscope.health import CONDITIONS, HealthEvent, HealthMonitor, HealthThresholds
-from fleetscope.simulate import FleetServer, LoadProfile, SimFleet
+from fleetscope_sim import FleetServer, LoadProfile, SimFleet
 from fleetscope.sinks.terminal import STATUS, TerminalSink
-from fleetscope.sources.http import Endpoint
+from fleetscope.sources.http.source import Endpoint
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
@@ -417,7 +417,7 @@ def _sglang_replay(path: str, decode_growth: float, times=(0.0, 20.0, 40.0)) -> 
     scheduler's decode counter grown by ``decode_growth`` per replay."""
     from conftest import DATA
     from fleetscope.exposition import Parser
-    from fleetscope.fleet import FleetState
+    from fleetscope.fleet.state import FleetState
     from fleetscope.sources.base import ScrapeResult
 
     body = (DATA / "sglang-0.5.23" / path).read_text()

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from fleetscope import Collector
-from fleetscope.isolation import IsolatedCollector
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope.collector.process import IsolatedCollector
+from fleetscope_sim import FleetServer, SimFleet
 
 GEN = "generation_tokens_total"
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from fleetscope.collector import Collector
+from fleetscope.collector.core import Collector
 from fleetscope.health import CONDITIONS, HealthThresholds
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources.http import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.source import Endpoint
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

@@ -15,9 +15,9 @@ import pytest
 
 from conftest import DATA, bucket_values, promql_bucket_quantile, sample_values
 from fleetscope.catalog import BREAKDOWN_LABELS
-from fleetscope.endpoint_operations import operation_keys, poll_rows
+from fleetscope.rl.operations import operation_keys, poll_rows
 from fleetscope.exposition import Parser
-from fleetscope.fleet import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState, ScrapeResult
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
@@ -126,7 +126,7 @@ def test_rl_families_belong_to_the_endpoint_not_engine_0(run: str):
 
 
 def test_policy_versions_are_ordered_by_first_announcement():
-    from fleetscope.versions import PolicyVersions
+    from fleetscope.rl.versions import PolicyVersions
 
     v = PolicyVersions(stale_seconds=10.0)
     assert not v.active and v.policy_version is None
@@ -174,9 +174,9 @@ async def test_per_endpoint_operations_in_windows_and_the_run_summary() -> None:
     Updates before the window are in the summary only."""
     import asyncio
 
-    from fleetscope.collector import Collector
-    from fleetscope.simulate import FleetServer, SimFleet
-    from fleetscope.sources.http import Endpoint
+    from fleetscope.collector.core import Collector
+    from fleetscope_sim import FleetServer, SimFleet
+    from fleetscope.sources.http.source import Endpoint
 
     roles = {"server0": "decode", "server1": "decode", "server2": "prefill"}
     fleet = SimFleet(seed=3)

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetscope.collector import Collector
-from fleetscope.simulate import FleetServer, LoadProfile, SimFleet
-from fleetscope.simulate.rl_metrics import SLEEP_MODE, WEIGHT_UPDATE
-from fleetscope.sources.http import Endpoint
+from fleetscope.collector.core import Collector
+from fleetscope_sim import FleetServer, LoadProfile, SimFleet
+from fleetscope_sim.rl_metrics import SLEEP_MODE, WEIGHT_UPDATE
+from fleetscope.sources.http.source import Endpoint
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

@@ -11,9 +11,9 @@ import threading
 import pytest
 from test_rl_lifecycle import GEN, rig, step_and_poll
 
-from fleetscope.collector import Collector
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources.http import Endpoint
+from fleetscope.collector.core import Collector
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.source import Endpoint
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

@@ -12,10 +12,10 @@ from contextlib import asynccontextmanager
 
 import httpx
 
-from fleetscope.collector import Collector
-from fleetscope.rl_state import asleep_from_gauge
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources.http import Endpoint
+from fleetscope.collector.core import Collector
+from fleetscope.rl.states import asleep_from_gauge
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.source import Endpoint
 
 DP = {"server0": 1, "server1": 2, "server2": 1}
 ROLE = {"server0": "decode", "server1": "decode", "server2": "prefill"}

@@ -28,12 +28,12 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from conftest import KV_PRESSURE_LOAD, RAY_DIR, fixture_text, promql_bucket_quantile
-from fleetscope.collector import Collector
+from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
-from fleetscope.fleet import ScrapeResult
-from fleetscope.simulate import FleetServer, LoadProfile, SimFleet
-from fleetscope.sources.http import Endpoint, HttpSource
-from fleetscope.sources.ray import (
+from fleetscope.fleet.state import ScrapeResult
+from fleetscope_sim import FleetServer, LoadProfile, SimFleet
+from fleetscope.sources.http.source import Endpoint, HttpSource
+from fleetscope.sources.ray.source import (
     IDENTITY_LOOKUP_TIMEOUT,
     RAY_AGENT_IDENTITY,
     RayIdentity,

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fleetscope.accumulate import Accumulator, _EngineSum
-from fleetscope.collector import Collector
+from fleetscope.stats.accumulate import Accumulator, _EngineSum
+from fleetscope.collector.core import Collector
 from fleetscope.identity import EngineId
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources.http import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.source import Endpoint
 from support.simclock import keep_clock_ahead
 
 FAMILIES = (

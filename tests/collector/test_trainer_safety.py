@@ -14,11 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fleetscope.collector import Collector
-from fleetscope.isolation import IsolatedCollector
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope.collector.core import Collector
+from fleetscope.collector.process import IsolatedCollector
+from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
-from fleetscope.sources.http import Endpoint
+from fleetscope.sources.http.source import Endpoint
 
 
 def polls(c) -> int:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.collector import Collector
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope.collector.core import Collector
+from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
-from fleetscope.sources.http import Endpoint
-from fleetscope.windows import WindowError
+from fleetscope.sources.http.source import Endpoint
+from fleetscope.stats.windows import WindowError
 from support.simclock import ahead_fleet
 
 # metric as fleetscope names it -> (simulator family, label values)
@@ -709,7 +709,7 @@ async def test_a_window_open_at_checkpoint_keeps_its_first_part(tmp_path) -> Non
 
 def test_a_boundary_at_clock_zero_counts() -> None:
     """``now - (resumed_at or now)`` read a resume at clock 0.0 as no resume at all."""
-    from fleetscope.windows import WindowSet
+    from fleetscope.stats.windows import WindowSet
 
     ws = WindowSet()
     ws.start("train", 0.0)

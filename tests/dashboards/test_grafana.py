@@ -36,7 +36,7 @@ from fleetscope.dashboards.grafana import (
     substitute_variables,
     variable_queries,
 )
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope_sim import FleetServer, SimFleet
 from support.prom import PrometheusServer, serve_registry
 
 RATE = "5s"  # $__rate_interval for the checks: 10 scrapes at 0.5 s

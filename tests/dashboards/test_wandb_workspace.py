@@ -21,11 +21,11 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from fleetscope.cli import main
-from fleetscope.collector import Collector
+from fleetscope.collector.core import Collector
 from fleetscope.dashboards import wandb_workspace as ww
 from fleetscope.health import CONDITIONS
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources.http import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.source import Endpoint
 
 # wandb-workspaces still uses pydantic v1-style validators
 pytestmark = pytest.mark.filterwarnings("ignore:Pydantic V1 style:DeprecationWarning")

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import drop_lines, fixture_text, sample_value, set_values
 from fleetscope.exposition import InvalidSeries, Parser
-from fleetscope.fleet import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope.stats.baselines import Baselines
 from fleetscope.stats.deltas import engine_delta
 

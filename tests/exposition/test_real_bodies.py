@@ -15,7 +15,7 @@ import pytest
 
 from conftest import DATA
 from fleetscope.exposition import Parser, parse
-from fleetscope.fleet import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState, ScrapeResult
 from real import bodies as B
 
 DATA = DATA / "real-vllm"

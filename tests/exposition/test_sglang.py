@@ -17,8 +17,8 @@ import pytest
 
 from conftest import DATA, VLLM_DIR, promql_bucket_quantile
 from fleetscope.exposition import Parser, parse
-from fleetscope.fleet import FleetState, ScrapeResult
-from fleetscope.snapshot import EngineSnapshot
+from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.exposition.snapshot import EngineSnapshot
 
 SG = DATA / "sglang-0.5.23"
 TRUTH = json.loads((SG / "truth.json").read_text())
@@ -276,7 +276,7 @@ def test_roles_from_engine_type():
 
 
 def test_http_source_passes_engine_roles_and_explicit_role_wins():
-    from fleetscope.sources.http import Endpoint, HttpSource
+    from fleetscope.sources.http.source import Endpoint, HttpSource
 
     text = body("pd_prefill_after.prom")
 
@@ -467,7 +467,7 @@ def test_sglang_inter_token_latency_never_shares_a_key_with_vllms() -> None:
     """SGLang's ITL ``_count`` counts every token of a streamed chunk, vLLM's one per step:
     in a mixed fleet they are two metrics, never pooled under one key."""
 
-    from fleetscope.fleet import FleetState
+    from fleetscope.fleet.state import FleetState
     from fleetscope.sources.base import ScrapeResult
 
     data = DATA

@@ -26,9 +26,9 @@ import pytest
 
 from conftest import DATA, RAY_DIR
 from fleetscope.exposition import Parser, parse
-from fleetscope.snapshot import EngineSnapshot
-from fleetscope.sources.http import HttpSource
-from fleetscope.sources.ray import RAY_AGENT_IDENTITY, RayIdentity, RaySource
+from fleetscope.exposition.snapshot import EngineSnapshot
+from fleetscope.sources.http.source import HttpSource
+from fleetscope.sources.ray.source import RAY_AGENT_IDENTITY, RayIdentity, RaySource
 
 SG = DATA / "sglang-0.5.23"
 TRUTH = json.loads((SG / "truth.json").read_text())
@@ -390,7 +390,7 @@ class _Agent(HttpSource):
 async def test_two_polls_through_a_collector_count_the_own_increase():
     """Own: a server going idle -> after, and an all-TP-ranks server (unchanged); foreign: a
     decode server. Deltas are the own increase, running sums rank 0 of each own server."""
-    from fleetscope.collector import Collector
+    from fleetscope.collector.core import Collector
 
     tp = body("all_tp_ranks_after.prom")
     foreign = body("pd_decode_after.prom")

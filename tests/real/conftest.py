@@ -147,8 +147,8 @@ def _settled_values(body: str) -> dict[tuple, float]:
 
 
 async def _scenario(run: RealRun, requests: int, concurrency: int) -> None:
-    from fleetscope.collector import Collector
-    from fleetscope.sources.http import ACCEPT, Endpoint
+    from fleetscope.collector.core import Collector
+    from fleetscope.sources.http.source import ACCEPT, Endpoint
 
     clock = time.monotonic
     async with httpx.AsyncClient(timeout=30) as http:

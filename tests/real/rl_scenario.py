@@ -93,8 +93,8 @@ class RLRun:
 
 
 async def rl_scenario(urls: dict[str, str], prom: Any, out_dir: Path) -> RLRun:
-    from fleetscope.collector import Collector
-    from fleetscope.sources.http import Endpoint
+    from fleetscope.collector.core import Collector
+    from fleetscope.sources.http.source import Endpoint
 
     run = RLRun(urls)
     serving = dict.fromkeys(urls, VERSIONS[0])  # what each server serves, by the test's calls

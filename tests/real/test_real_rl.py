@@ -10,7 +10,7 @@ import math
 import pytest
 
 from fleetscope.identity import EngineId
-from fleetscope.versions import generation_delta
+from fleetscope.rl.versions import generation_delta
 from real import bodies as B
 from real.rl_scenario import ROLES, VERSIONS, WINDOW, RLRun
 

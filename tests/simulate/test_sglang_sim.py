@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import DATA, promql_bucket_quantile
 from fleetscope.catalog import FAMILY_BY_NAME
 from fleetscope.exposition import Parser
-from fleetscope.fleet import FleetState, ScrapeResult
-from fleetscope.simulate import FleetServer, LoadProfile, SglangEndpoint, SimFleet
-from fleetscope.simulate.sglang_families import FAMILIES
+from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope_sim import FleetServer, LoadProfile, SglangEndpoint, SimFleet
+from fleetscope_sim.sglang_families import FAMILIES
 
 SG_DIR = DATA / "sglang-0.5.23"
 REAL = {f["name"]: f for f in json.loads((SG_DIR / "families.json").read_text())}
@@ -217,7 +217,7 @@ def test_restart_resets_sglang_series_and_truth_keeps_counting():
 
 
 def test_simulate_cli_serves_a_mixed_fleet():
-    from fleetscope.simulate.server import serve_forever
+    from fleetscope_sim.server import serve_forever
 
     stop, ready, lines = threading.Event(), threading.Event(), []
 

@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import DATA
 from fleetscope.exposition import Parser
-from fleetscope.simulate import FleetServer, LoadProfile, SimEndpoint, SimFleet
-from fleetscope.simulate.rl import ROUTES, PendingCall
-from fleetscope.simulate.rl_metrics import FAMILIES_OF, SLEEP_MODE, WEIGHT_UPDATE
+from fleetscope_sim import FleetServer, LoadProfile, SimEndpoint, SimFleet
+from fleetscope_sim.rl import ROUTES, PendingCall
+from fleetscope_sim.rl_metrics import FAMILIES_OF, SLEEP_MODE, WEIGHT_UPDATE
 
 RL_DIR = DATA / "real-vllm-rl"
 # run -> (DP, weight-transfer backend)

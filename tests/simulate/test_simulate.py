@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import DATA
-from fleetscope.simulate import (
+from fleetscope_sim import (
     CONTENT_TYPE_LATEST,
     FleetServer,
     LoadProfile,
@@ -23,7 +23,7 @@ from fleetscope.simulate import (
     SimFleet,
     cli_main,
 )
-from fleetscope.simulate.vllm_families import FAMILIES, build_1_2_5_buckets
+from fleetscope_sim.vllm_families import FAMILIES, build_1_2_5_buckets
 
 FIXTURES = DATA / "fixtures" / "vllm-0.32.0-cpu"
 WALL = 1_800_000_000.0

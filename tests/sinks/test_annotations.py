@@ -194,8 +194,8 @@ def test_one_region_per_window(grafana: FakeGrafana) -> None:
 
 def test_as_a_collector_sink(grafana: FakeGrafana) -> None:
     """Wired as a Collector sink: the first poll opens the run, stop(status=) closes it."""
-    from fleetscope.collector import Collector
-    from fleetscope.simulate import FleetServer, SimFleet
+    from fleetscope.collector.core import Collector
+    from fleetscope_sim import FleetServer, SimFleet
 
     ann = GrafanaAnnotator(grafana.url, run_id="sink-run")
     assert isinstance(ann, Sink)
@@ -217,8 +217,8 @@ def test_as_a_collector_sink(grafana: FakeGrafana) -> None:
 
 def test_collector_windows_become_regions(grafana: FakeGrafana) -> None:
     """The collector announces its windows to the annotator: one region per window."""
-    from fleetscope.collector import Collector
-    from fleetscope.simulate import FleetServer, SimFleet
+    from fleetscope.collector.core import Collector
+    from fleetscope_sim import FleetServer, SimFleet
 
     ann = GrafanaAnnotator(grafana.url, run_id="windows-run")
     fleet = SimFleet.build(1, dp=1, seed=6)

@@ -1,4 +1,4 @@
-"""No password, token or API key in what fleetscope logs or raises (fleetscope._redact).
+"""No password, token or API key in what fleetscope logs or raises (fleetscope.util.redact).
 
 Each failure is produced for real (a scrape of a closed loopback port with credentials in the
 URL, a Grafana stand-in on loopback that echoes the request headers in a 500 body, bad Grafana
@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fleetscope._redact import redact
-from fleetscope._warn import RateLimitedWarner
+from fleetscope.util.redact import redact
+from fleetscope.util.warn import RateLimitedWarner
 
 SECRET = "s3cr3tPassw0rd"
 TOKEN = "glsa_TopSecretToken_0123456789"
@@ -76,7 +76,7 @@ def test_every_warning_is_redacted(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_scrape_warning_hides_url_credentials(caplog: pytest.LogCaptureFixture) -> None:
-    from fleetscope.collector import Collector
+    from fleetscope.collector.core import Collector
 
     url = f"http://user:{SECRET}@127.0.0.1:{closed_port()}"
 
@@ -163,8 +163,8 @@ def test_annotate_cli_bad_url_hides_the_secret(capsys: pytest.CaptureFixture[str
 
 
 def test_a_duplicate_endpoint_error_hides_the_password() -> None:
-    from fleetscope.sources._membership import EndpointSet
-    from fleetscope.sources.http import Endpoint
+    from fleetscope.sources.http.membership import EndpointSet
+    from fleetscope.sources.http.source import Endpoint
 
     url = f"http://user:{SECRET}@127.0.0.1:9/metrics"
     watched = EndpointSet([Endpoint(url, "a")])

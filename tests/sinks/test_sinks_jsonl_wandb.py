@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from fleetscope._warn import RateLimitedWarner
+from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.sinks.base import Sink
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sinks.wandb import WandbSink, api_key_configured, resolve_mode

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope_sim import FleetServer, SimFleet
 
 # tmux is installed by scripts/install-test-deps.sh: a missing one fails loudly
 if shutil.which("tmux") is None:

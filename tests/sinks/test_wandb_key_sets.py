@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from fleetscope.collector import Collector
+from fleetscope.collector.core import Collector
 from fleetscope.dashboards.wandb_workspace import inference_panels, panel_keys
 from fleetscope.keys import HEADLINE_METRICS
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
-from fleetscope.sources.http import Endpoint
+from fleetscope.sources.http.source import Endpoint
 
 NONFINITE = {"NaN", "Infinity", "-Infinity"}
 PER_POLL = 1500

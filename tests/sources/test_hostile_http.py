@@ -3,7 +3,7 @@ bad body next to a healthy simulated vLLM server, and ``Collector([...]).poll()`
 healthy engines' totals exact and the bad series excluded.
 
 The hostile server is a plain ``http.server`` in a thread, serving whatever body the test put
-in it last; the healthy one is ``fleetscope.simulate`` (FleetServer), stepped in frozen steps,
+in it last; the healthy one is ``fleetscope_sim`` (FleetServer), stepped in frozen steps,
 so its ground truth is exact.
 """
 
@@ -20,10 +20,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import fixture_text, sample_value, set_values
-from fleetscope.collector import Collector, FleetView
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources.http import Endpoint
-from fleetscope.view import counter_increase
+from fleetscope.collector.core import Collector, FleetView
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.source import Endpoint
+from fleetscope.fleet.view import counter_increase
 
 LOAD = fixture_text("single_load.prom")
 AFTER = fixture_text("single_after.prom")

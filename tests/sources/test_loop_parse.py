@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fleetscope.sources._loop_parse import SLICE, LoopParser
+from fleetscope.sources.http.loop_parse import SLICE, LoopParser
 
 
 async def test_a_burst_of_parses_yields_to_the_loop_between_slices() -> None:

@@ -23,11 +23,11 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fleetscope.collector import Collector
+from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
-from fleetscope.fleet import PollResult
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources.http import Endpoint
+from fleetscope.fleet.state import PollResult
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.source import Endpoint
 from fleetscope.sources.prometheus import PrometheusSource
 from support.prom import PrometheusError, PrometheusServer, serve_registry
 

@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from conftest import RAY_DIR, drop_lines, fixture_text, sample_value, set_values
-from fleetscope.collector import Collector
+from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
-from fleetscope.sources.http import HttpSource
-from fleetscope.sources.ray import (
+from fleetscope.sources.http.source import HttpSource
+from fleetscope.sources.ray.source import (
     RAY_AGENT_IDENTITY,
     AgentEngine,
     RayIdentity,

@@ -11,18 +11,18 @@ import httpx
 import pytest
 
 from conftest import DATA
-from fleetscope._warn import RateLimitedWarner
+from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.exposition import parse
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources._membership import Endpoint
-from fleetscope.sources._server_version import (
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.membership import Endpoint
+from fleetscope.sources.http.server_version import (
     JUDGE_BODIES,
     ServerVersions,
     expected_families,
     version_tuple,
 )
 from fleetscope.sources.base import ScrapeResult
-from fleetscope.sources.http import HttpSource
+from fleetscope.sources.http.source import HttpSource
 
 SG = DATA / "sglang-0.5.23"
 

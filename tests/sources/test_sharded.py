@@ -30,12 +30,12 @@ import numpy as np
 import pytest
 
 from conftest import VLLM_DIR
-from fleetscope.collector import Collector
+from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
-from fleetscope.fleet import FleetState, ScrapeResult
-from fleetscope.sharded import ShardedCollector, shard_endpoints
-from fleetscope.simulate import FleetServer, SimFleet
-from fleetscope.sources.http import Endpoint
+from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.collector.sharded import ShardedCollector, shard_endpoints
+from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.http.source import Endpoint
 from fleetscope.stats.reduce import (
     EngineInput,
     PollStats,

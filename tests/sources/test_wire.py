@@ -24,21 +24,21 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.sources._http_client import (
+from fleetscope.sources.http.client import (
     ScrapeError,
     describe,
     fetch_metrics,
     is_refusal,
     new_clients,
 )
-from fleetscope.sources._wire import (
+from fleetscope.sources.http.wire import (
     BodyTooLarge,
     ConnectFailed,
     ProtocolFailure,
     Refused,
     WireClient,
 )
-from fleetscope.sources.http import Endpoint, HttpSource
+from fleetscope.sources.http.source import Endpoint, HttpSource
 
 BODY = b'# TYPE vllm:x counter\nvllm:x_total{engine="0"} 1.0\n'
 TEXT = b"Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
@@ -355,7 +355,7 @@ async def test_an_idle_connection_already_closed_is_not_written_to() -> None:
 async def test_an_idle_connection_past_its_expiry_is_not_reused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import fleetscope.sources._wire as wire
+    import fleetscope.sources.http.wire as wire
 
     async with Script(keep_alive(lambda n: ok())) as s, client() as c:
         await c.get(s.url, cap=1000)

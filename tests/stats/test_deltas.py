@@ -14,7 +14,7 @@ import pytest
 
 from conftest import drop_lines, fixture_text, sample_value, sample_values, set_values
 from fleetscope.exposition import Parser
-from fleetscope.fleet import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope.stats.baselines import Baselines
 from fleetscope.stats.deltas import engine_delta
 
@@ -40,7 +40,7 @@ def snap(body: str, t: float, engine: str = "0", parser: Parser | None = None):
 
 
 def delta_of(d, series: str, **labels) -> float:
-    from fleetscope.snapshot import format_series
+    from fleetscope.exposition.snapshot import format_series
 
     sid = format_series(series, tuple(sorted(labels.items())))
     return float(d.delta[d.layout.index[sid]])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import FIXTURES
 from fleetscope.exposition import Parser
-from fleetscope.fleet import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState, ScrapeResult
 
 SINGLE = FIXTURES / "vllm-0.32.0-cpu"
 

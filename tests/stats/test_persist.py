@@ -9,7 +9,7 @@ import json
 import numpy as np
 
 from conftest import fixture_text
-from fleetscope._persist import _array, _floats, layout_from_data, layout_to_data
+from fleetscope.stats.persist import _array, _floats, layout_from_data, layout_to_data
 from fleetscope.exposition import Parser
 
 
@@ -48,7 +48,7 @@ def test_a_shared_layout_is_written_once_and_restored_as_one_object() -> None:
 def test_the_isolation_childs_state_blob_round_trips_and_is_compressed() -> None:
     import pickle
 
-    from fleetscope._isolation_child import decode_state, encode_state
+    from fleetscope.collector.child import decode_state, encode_state
 
     rng = np.random.default_rng(3)
     a = rng.normal(size=400)

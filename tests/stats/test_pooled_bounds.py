@@ -7,10 +7,10 @@ import asyncio
 import math
 
 from conftest import promql_bucket_quantile
-from fleetscope.collector import Collector
+from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
-from fleetscope.fleet import FleetState, ScrapeResult
-from fleetscope.simulate import FleetServer, SimFleet
+from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope_sim import FleetServer, SimFleet
 
 TTFT = {"vllm": "vllm:time_to_first_token_seconds", "sglang": "sglang:time_to_first_token_seconds"}
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fleetscope.simulate import SimFleet
-from fleetscope.simulate.endpoint import SimClock
+from fleetscope_sim import SimFleet
+from fleetscope_sim.endpoint import SimClock
 
 # well past the collector's clock-skew margin (fleet.DEFAULT_CLOCK_SKEW = 1 s)
 AHEAD_S = 5.0

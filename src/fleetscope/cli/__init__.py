@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:
         # argparse.REMAINDER does not take options that come first (`simulate --endpoints 4`
         # was "unrecognized arguments"): the simulator parses its own command line
-        from fleetscope.simulate.server import cli_main
+        from fleetscope_sim.server import cli_main
 
         return int(cli_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)

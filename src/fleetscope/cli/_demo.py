@@ -6,7 +6,7 @@ import argparse
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from fleetscope.simulate.server import cli_main
+    from fleetscope_sim.server import cli_main
 
     return cli_main(args.rest)
 
@@ -16,7 +16,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
-    from fleetscope.demo import print_report, run_demo
+    from fleetscope.cli.demo import print_report, run_demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     result = asyncio.run(

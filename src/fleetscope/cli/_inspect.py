@@ -27,7 +27,7 @@ def _read_source(
     if source.startswith(("http://", "https://")):
         import httpx
 
-        from fleetscope._redact import redact
+        from fleetscope.util.redact import redact
 
         url = source if source.rstrip("/").endswith("/metrics") else source.rstrip("/") + "/metrics"
         deadline = time.monotonic() + timeout
@@ -58,7 +58,7 @@ def _read_source(
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from fleetscope.exposition import Parser
-    from fleetscope.fleet import FleetState, ScrapeResult
+    from fleetscope.fleet.state import FleetState, ScrapeResult
     from fleetscope.keys import KeyOptions
 
     parser = Parser()
@@ -76,7 +76,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 mono = i * args.interval
             expo = parser.parse(body, time=mono, wall_time=wall)
         except Exception as e:
-            from fleetscope._redact import redact
+            from fleetscope.util.redact import redact
 
             print(
                 f"fleetscope inspect: cannot read {redact(src)}: {redact(str(e))}", file=sys.stderr

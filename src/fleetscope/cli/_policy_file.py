@@ -12,8 +12,8 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fleetscope.collector import Collector
-    from fleetscope.view import FleetView
+    from fleetscope.collector.core import Collector
+    from fleetscope.fleet.view import FleetView
 
 log = logging.getLogger("fleetscope")
 

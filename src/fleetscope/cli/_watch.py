@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any
 from fleetscope.cli._common import _add_sink_args, _headers_from_args, _role_and_url, build_sinks
 
 if TYPE_CHECKING:
-    from fleetscope.collector import Collector
+    from fleetscope.collector.core import Collector
     from fleetscope.health import HealthThresholds
-    from fleetscope.sources.http import Endpoint
+    from fleetscope.sources.http.source import Endpoint
 
 #: how the endpoints-file helpers wait (``asyncio.sleep`` unless a test passes its own)
 Pause = Callable[[float], Awaitable[object]]
 
 
 def _endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
-    from fleetscope.sources.http import Endpoint
+    from fleetscope.sources.http.source import Endpoint
 
     eps = [Endpoint(url=u) for u in args.urls]
     for spec in args.role or []:
@@ -30,7 +30,7 @@ def _endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
         except ValueError:
             role = None
         if role is None:
-            from fleetscope._redact import redact
+            from fleetscope.util.redact import redact
 
             raise SystemExit(
                 redact(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
@@ -56,7 +56,7 @@ def parse_endpoints_text(text: str) -> list[Endpoint]:
     ``ValueError`` naming the line for anything that is not a URL."""
     import httpx
 
-    from fleetscope.sources.http import Endpoint
+    from fleetscope.sources.http.source import Endpoint
 
     eps: list[Endpoint] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
@@ -123,7 +123,7 @@ async def _follow_endpoints_file(
     import logging
     import os
 
-    from fleetscope._redact import redact
+    from fleetscope.util.redact import redact
 
     log = logging.getLogger("fleetscope")
     seen: tuple[int, int, int] | None = None
@@ -171,8 +171,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from fleetscope.collector import Collector
-    from fleetscope.signals import stop_on_signals
+    from fleetscope.collector.core import Collector
+    from fleetscope.collector.signals import stop_on_signals
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     fixed = _endpoints_from_args(args)
@@ -183,7 +183,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             initial_text = asyncio.run(read_stable_text(args.endpoints_file))
             endpoints += parse_endpoints_text(initial_text)
         except (OSError, ValueError) as e:
-            from fleetscope._redact import redact
+            from fleetscope.util.redact import redact
 
             raise SystemExit(
                 f"fleetscope: endpoints file {args.endpoints_file}: {redact(str(e))}"
@@ -224,7 +224,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                     )
                 )
             # SIGINT, SIGTERM and SIGHUP: last poll, run summary to every sink, sinks closed,
-            # exit 0 (fleetscope.signals; a second signal during the stop is ignored)
+            # exit 0 (fleetscope.collector.signals; a second signal during the stop is ignored)
             stopper = stop_on_signals(collector, chain=False)
             try:
                 waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stopper.wait())]
@@ -251,7 +251,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 async def _watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -> int:
     import asyncio
 
-    from fleetscope.collector import Collector
+    from fleetscope.collector.core import Collector
 
     collector = Collector(
         endpoints,

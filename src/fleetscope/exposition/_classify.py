@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fleetscope.catalog import BREAKDOWN_LABELS, FAMILY_BREAKDOWNS, RAY_PREFIXES, canonical_family
 from fleetscope.exposition._syntax import ExpositionError, Sample, format_bound, parse_float
-from fleetscope.snapshot import (
+from fleetscope.exposition.snapshot import (
     CounterSeries,
     EngineLayout,
     GaugeSeries,

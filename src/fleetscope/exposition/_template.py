@@ -30,7 +30,7 @@ from fleetscope.exposition._syntax import (
     parse_sample,
 )
 from fleetscope.identity import Role
-from fleetscope.snapshot import EngineLayout, EngineSnapshot, without_groups
+from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot, without_groups
 
 _ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from fleetscope._redact import redact
+from fleetscope.util.redact import redact
 
 
 def validate_grafana_url(url: str) -> str:

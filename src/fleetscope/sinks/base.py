@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from fleetscope.fleet import PollResult
+    from fleetscope.fleet.state import PollResult
     from fleetscope.health import HealthEvent
 
 Value = float | int | str

@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from fleetscope._warn import RateLimitedWarner
+from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.keys import KeySet, key_set_of
 from fleetscope.sinks.base import EventSink, PollSink, RunSink, Sink, WindowSink
 
 if TYPE_CHECKING:
-    from fleetscope.fleet import PollResult
+    from fleetscope.fleet.state import PollResult
 
 log = logging.getLogger("fleetscope")
 

@@ -18,7 +18,7 @@ Authentication: ``Authorization: Bearer $GRAFANA_TOKEN`` (a service account toke
 variable name is ``token_env``), read from the environment at each request and never logged;
 ``org_id`` adds ``X-Grafana-Org-Id``.
 
-Wiring it to a :class:`~fleetscope.collector.Collector`: pass it as a sink. Its ``log()``
+Wiring it to a :class:`~fleetscope.collector.core.Collector`: pass it as a sink. Its ``log()``
 opens the run region at the first poll (with ``run_id`` given here), and ``log_summary()``,
 which the collector calls from ``stop(status=...)``, closes it with the summary's
 ``run_status`` (``success`` / ``failed``); ``close()`` closes whatever is still open. The
@@ -26,7 +26,7 @@ collector announces its windows to sinks that have ``on_window_start`` / ``on_wi
 so each window becomes a region by itself::
 
     from fleetscope.sinks.grafana import GrafanaAnnotator
-    from fleetscope.collector import Collector
+    from fleetscope.collector.core import Collector
 
     grafana = GrafanaAnnotator("https://grafana.example.com", run_id="run-42")
     collector = Collector(urls, sinks=[wandb_sink, grafana])
@@ -54,8 +54,8 @@ from typing import Any
 
 import httpx
 
-from fleetscope._redact import redact
-from fleetscope._warn import RateLimitedWarner
+from fleetscope.util.redact import redact
+from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.sinks._grafana_api import _now_ms, _Region, validate_grafana_url
 
 __all__ = ["DEFAULT_TAGS", "GrafanaAnnotator", "validate_grafana_url"]
@@ -162,7 +162,7 @@ class GrafanaAnnotator:
     def _fail(self, kind: str, what: str, detail: str) -> None:
         self.failures[kind] = self.failures.get(kind, 0) + 1
         # the token itself is masked wherever it appears (a body echoing the request headers),
-        # then anything that looks like a secret (fleetscope._redact)
+        # then anything that looks like a secret (fleetscope.util.redact)
         detail = redact(detail, secrets=(self._token(),))
         self._warner.warn(f"{kind}:{what}", f"{what} failed ({detail}); training goes on")
 

@@ -58,7 +58,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fleetscope._warn import RateLimitedWarner
+from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.keys import KEY_SETS, KeySet
 from fleetscope.sinks.base import Value, numeric
 

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fleetscope._warn import RateLimitedWarner
+from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.sinks.base import Value, numeric
 
 logger = logging.getLogger(__name__)

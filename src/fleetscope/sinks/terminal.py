@@ -18,7 +18,7 @@ from fleetscope.identity import endpoint_of
 from fleetscope.sinks.base import Value
 
 if TYPE_CHECKING:
-    from fleetscope.fleet import PollResult
+    from fleetscope.fleet.state import PollResult
 
 KV_FULL = 0.95
 
@@ -69,7 +69,7 @@ def status_of(conditions: list[str]) -> tuple[str, int]:
 
 def _rl_cells(result: PollResult, endpoint: str, engine: str) -> dict[str, Any]:
     """The kind, weights and state cells of one engine (its endpoint's, docs/rl-lifecycle.md)."""
-    from fleetscope.rl_view import KIND_NAMES
+    from fleetscope.rl.view import KIND_NAMES
 
     info = getattr(result, "endpoint_info", {}).get(endpoint)
     if info is None:
@@ -77,7 +77,7 @@ def _rl_cells(result: PollResult, endpoint: str, engine: str) -> dict[str, Any]:
     asleep = None
     for inp in result.inputs:
         if inp.engine_id == engine:
-            from fleetscope.rl_state import asleep_from_gauge
+            from fleetscope.rl.states import asleep_from_gauge
 
             asleep = asleep_from_gauge(inp.delta.current)
             break

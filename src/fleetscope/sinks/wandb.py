@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from fleetscope._warn import RateLimitedWarner
+from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.keys import KEY_SETS, KeySet
 from fleetscope.sinks.base import Value
 

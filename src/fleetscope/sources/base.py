@@ -27,7 +27,7 @@ from fleetscope.identity import Role
 if TYPE_CHECKING:
     from fleetscope.exposition import Exposition
     from fleetscope.identity import EngineId
-    from fleetscope.sources.http import Endpoint
+    from fleetscope.sources.http.source import Endpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from fleetscope._textformat import escape_label_value, format_value, labels_text
-from fleetscope._warn import RateLimitedWarner
+from fleetscope.exposition.textformat import escape_label_value, format_value, labels_text
+from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.exposition import ExpositionError, Parser
 from fleetscope.identity import Role
 from fleetscope.sources.base import Departure, ScrapeResult

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fleetscope.snapshot import EngineLayout, EngineSnapshot
+from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.stats.deltas import EngineDelta, baseline, engine_delta, from_zero
 
 # below this many engines of one layout the matrix costs more than it saves

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetscope import catalog
-from fleetscope.snapshot import EngineLayout, EngineSnapshot
+from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
 
 # moved `_created` / dropped counters needed, as a share of the evidence, to call it a restart
 RESTART_SHARE = 0.5

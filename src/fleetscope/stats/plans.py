@@ -28,7 +28,7 @@ from fleetscope.catalog import (
     kv_capacity_tokens,
     label_suffix,
 )
-from fleetscope.snapshot import EngineLayout, Labels
+from fleetscope.exposition.snapshot import EngineLayout, Labels
 
 
 def metric_name(family: str, prefixes: Sequence[str] = DEFAULT_LOGGED_PREFIXES) -> str:

@@ -1,0 +1,187 @@
+"""The watched endpoints of a source: names, and changes from any thread applied at a poll."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from fleetscope.util.redact import redact
+from fleetscope.identity import Role, validate_endpoint_name
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One base URL serving ``/metrics`` (a vLLM API server), with its name and role."""
+
+    url: str
+    name: str = ""
+    role: Role | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.name:
+            validate_endpoint_name(self.name)
+        if self.role not in (None, "prefill", "decode"):
+            raise ValueError(f"role must be 'prefill', 'decode' or None, not {self.role!r}")
+
+    @property
+    def metrics_url(self) -> str:
+        u = self.url.rstrip("/")
+        return u if u.endswith("/metrics") else u + "/metrics"
+
+    @property
+    def base_url(self) -> str:
+        u = self.url.rstrip("/")
+        return u[: -len("/metrics")] if u.endswith("/metrics") else u
+
+
+def name_endpoints(
+    endpoints: Sequence[str | Endpoint], taken: Iterable[str] = ()
+) -> list[Endpoint]:
+    """Give unnamed endpoints their display names, counted per role in the order given:
+    ``server0, server1`` / ``prefill0`` / ``decode0, decode1``, skipping names in ``taken``."""
+    counters: dict[str, int] = {}
+    out: list[Endpoint] = []
+    taken = set(taken)
+    given = [e.name for e in endpoints if isinstance(e, Endpoint) and e.name]
+    clash = taken.intersection(given)
+    if clash:
+        raise ValueError(f"endpoint names already in use: {sorted(clash)}")
+    taken.update(given)
+    for e in endpoints:
+        ep = e if isinstance(e, Endpoint) else Endpoint(url=e)
+        if not ep.name:
+            prefix = ep.role or "server"
+            while True:
+                i = counters.get(prefix, 0)
+                counters[prefix] = i + 1
+                if f"{prefix}{i}" not in taken:
+                    break
+            ep = replace(ep, name=f"{prefix}{i}")
+        taken.add(ep.name)
+        out.append(ep)
+    names = [e.name for e in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"endpoint names must be unique: {names}")
+    return out
+
+
+class EndpointSet:
+    """The endpoints a source scrapes. ``add`` / ``remove`` / ``set`` may be called from any
+    thread; they take effect when the source calls :meth:`apply` at the start of a poll, so a
+    poll never sees the list change under it. Names are never reused."""
+
+    def __init__(self, endpoints: Sequence[str | Endpoint] = ()) -> None:
+        self._lock = threading.RLock()
+        self._endpoints: list[Endpoint] = name_endpoints(endpoints)
+        self._names_used: set[str] = {e.name for e in self._endpoints}
+        self._pending_add: list[Endpoint] = []
+        self._pending_remove: list[str] = []
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        """The endpoints scraped at the last poll (with roles discovered so far)."""
+        return list(self._endpoints)
+
+    def _watched_urls(self) -> set[str]:
+        removed = set(self._pending_remove)
+        return {e.url for e in self._endpoints if e.name not in removed} | {
+            e.url for e in self._pending_add
+        }
+
+    def add(self, *endpoints: str | Endpoint) -> list[Endpoint]:
+        """Watch more endpoints from the next poll on. Unnamed ones get the next free name
+        (names are never reused); returns them, named."""
+        with self._lock:
+            watched = self._watched_urls()
+            for e in endpoints:
+                url = e.url if isinstance(e, Endpoint) else e
+                if url in watched:
+                    raise ValueError(redact(f"{url} is already watched"))
+                watched.add(url)
+            named = name_endpoints(endpoints, taken=self._names_used)
+            self._names_used.update(e.name for e in named)
+            self._pending_add.extend(named)
+        return named
+
+    def remove(self, *endpoints: str | Endpoint) -> list[str]:
+        """Stop watching endpoints (by name, URL or :class:`Endpoint`) from the next poll on;
+        returns the names removed."""
+        wanted = {e.name if isinstance(e, Endpoint) else e for e in endpoints}
+        wanted |= {e.url for e in endpoints if isinstance(e, Endpoint)}
+        with self._lock:
+            keep = [e for e in self._pending_add if not ({e.name, e.url} & wanted)]
+            names = [e.name for e in self._pending_add if e not in keep]
+            self._pending_add = keep
+            for e in self._endpoints:
+                if {e.name, e.url} & wanted and e.name not in self._pending_remove:
+                    self._pending_remove.append(e.name)
+                    names.append(e.name)
+        return names
+
+    def assign(self, endpoints: Sequence[str | Endpoint]) -> tuple[list[Endpoint], list[str]]:
+        """Make the watched fleet exactly ``endpoints`` (matched by URL; a URL whose role
+        changed is removed and added again). Returns ``(added, removed names)``."""
+        wanted: dict[str, Endpoint] = {}
+        for e in endpoints:
+            ep = e if isinstance(e, Endpoint) else Endpoint(url=e)
+            if ep.url in wanted:
+                raise ValueError(redact(f"{ep.url} is listed twice"))
+            wanted[ep.url] = ep
+        with self._lock:
+            removed_names = set(self._pending_remove)
+            current = [e for e in self._endpoints if e.name not in removed_names]
+            current += self._pending_add
+            drop = [
+                e
+                for e in current
+                if e.url not in wanted or (wanted[e.url].role and wanted[e.url].role != e.role)
+            ]
+            kept = {e.url for e in current if e not in drop}
+            removed = self.remove(*drop) if drop else []
+            new = [ep for url, ep in wanted.items() if url not in kept]
+            added = self.add(*new) if new else []
+        return added, removed
+
+    def apply(self) -> tuple[list[Endpoint], set[str]]:
+        with self._lock:
+            add, self._pending_add = self._pending_add, []
+            remove, self._pending_remove = set(self._pending_remove), []
+        if remove:
+            self._endpoints = [e for e in self._endpoints if e.name not in remove]
+        self._endpoints.extend(add)
+        return add, remove
+
+    def set_role(self, name: str, role: Role) -> None:
+        """A watched endpoint's discovered role."""
+        with self._lock:
+            self._endpoints = [
+                replace(e, role=role) if e.name == name else e for e in self._endpoints
+            ]
+
+
+class Members:
+    """The membership methods of a source whose endpoints live in ``self.members``."""
+
+    members: EndpointSet
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        """The endpoints scraped at the last poll (with roles discovered so far)."""
+        return self.members.endpoints
+
+    def add_endpoints(self, *endpoints: str | Endpoint) -> list[Endpoint]:
+        """Watch more endpoints from the next poll on (thread-safe); returns them, named."""
+        return self.members.add(*endpoints)
+
+    def remove_endpoints(self, *endpoints: str | Endpoint) -> list[str]:
+        """Stop watching endpoints (name, URL or :class:`Endpoint`) from the next poll on."""
+        return self.members.remove(*endpoints)
+
+    def set_endpoints(
+        self, endpoints: Sequence[str | Endpoint]
+    ) -> tuple[list[Endpoint], list[str]]:
+        """Make the watched fleet exactly ``endpoints`` (matched by URL)."""
+        return self.members.assign(endpoints)

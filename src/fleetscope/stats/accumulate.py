@@ -1,0 +1,384 @@
+"""Exact per-engine sums over a set of polls: the body of a window and of a run label.
+
+Part of windows and the run summary (docs/rules.md §3.8): exact sums of per-engine deltas.
+
+Every poll's per-engine deltas are *attributed*: to each active window, and to the run label
+of each active window; deltas that arrive while no window is active go to the ``idle`` label,
+so nothing is lost (tokens produced between two windows show up under ``idle``). The run's
+``combined`` label receives every delta once: it is the exact total of the whole run.
+
+A window's totals are exact for every engine and series it covers: a failed scrape only moves
+that engine's delta to its next success (which still lands in the window if it is still open),
+a reset only restarts that series from 0. Coverage (engine-seconds covered / expected) reports
+what a failure cost. Rates divide by the window's *active* seconds (pauses excluded);
+quantiles pool the window's bucket deltas; gauges get a time-weighted mean and a peak.
+
+Pure bookkeeping: the collector supplies the clock readings and the polls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from fleetscope.stats.engine_sum import _combine, _copy, _EngineSum
+from fleetscope.stats.persist import (
+    _id_json,
+    engine_from_data,
+    engine_to_data,
+    layout_from_data,
+    layout_to_data,
+)
+from fleetscope.catalog import gauge_metric_name
+from fleetscope.identity import EngineId, endpoint_of
+from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
+from fleetscope.stats.deltas import EngineDelta
+from fleetscope.stats.reduce import EngineInput, PollStats, metric_name, plan_for, reduce_poll
+
+__all__ = ["Accumulator", "layout_from_data", "layout_to_data"]
+
+
+class Accumulator:
+    """Exact per-engine sums over a set of polls (one window, or one label over the run)."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.engines: dict[str, _EngineSum] = {}  # keyed by EngineId
+        self.active_seconds = 0.0
+        self.polls = 0
+        self.failed_scrapes = 0
+        self.engine_restarts = 0
+        self.restarts_unseen_tail = 0  # resets whose last counts before them were unseen
+        # windows: engine-seconds each engine should have covered, from boundary to boundary
+        self.expected: dict[str, float] = {}
+        self._open: dict[str, float] | None = None
+        self._open_default = 0.0
+        # endpoints added or removed while the span is open: expected time starts at an added
+        # endpoint's first scrape and ends at a removed one's last, not at the boundaries
+        self._joined: dict[str, float] = {}
+        self._left: set[str] = set()  # engines whose expected time is already counted
+        # run labels: the engines of the latest poll, its earliest scrape, engines gone
+        self._last_present: set[str] = set()
+        self._last_poll_time = 0.0
+        self.departed: set[str] = set()
+
+    def add(
+        self,
+        inputs: Iterable[EngineInput],
+        *,
+        failed_scrapes: int = 0,
+    ) -> None:
+        self.polls += 1
+        self.failed_scrapes += failed_scrapes
+        inputs = list(inputs)
+        if inputs:
+            self._last_present = {inp.engine_id for inp in inputs}
+            self._last_poll_time = min(inp.delta.current.time for inp in inputs)
+        # the sums of every engine of one layout are added as one matrix (see _add_rows)
+        by_layout: dict[EngineLayout, list[tuple[EngineDelta, _EngineSum]]] = {}
+        pending: set[str] = set()
+        for inp in inputs:
+            d = inp.delta
+            if inp.engine_id in pending:  # the same engine twice: its first delta goes first
+                for layout, rows in by_layout.items():
+                    _add_rows(layout, rows)
+                by_layout, pending = {}, set()
+            acc = self.engines.get(inp.engine_id)
+            if acc is None:
+                acc = self.engines[inp.engine_id] = _EngineSum(
+                    d.layout,
+                    d.current,
+                    np.zeros(len(d.current.data)),
+                    role=inp.role,
+                    groups=inp.groups,
+                    is_engine=inp.is_engine,
+                )
+            else:
+                acc.realign(d.layout)
+                acc.current = d.current
+            if d.baseline_only:
+                continue
+            if (
+                d.started
+                and inp.is_engine
+                and self._open is not None
+                and inp.engine_id not in self._open
+            ):
+                # a new process (a scale-up, a restarted Ray actor's new worker): it did not
+                # exist before its interval, so nothing earlier is expected of it
+                self._open[inp.engine_id] = d.current.time - d.seconds
+                self._left.discard(inp.engine_id)
+            acc.covered += d.observed_seconds  # a restart's unseen tail is not covered
+            acc.spanned += d.seconds
+            if d.tail_unseen:
+                self.restarts_unseen_tail += 1
+            if d.restarted:
+                acc.restarts += 1
+                if inp.is_engine:  # an endpoint's own row restarts with its engines
+                    self.engine_restarts += 1
+            by_layout.setdefault(d.layout, []).append((d, acc))
+            pending.add(inp.engine_id)
+        for layout, rows in by_layout.items():
+            _add_rows(layout, rows)
+
+    def add_seconds(self, seconds: float) -> None:
+        self.active_seconds += max(0.0, seconds)
+
+    def merge(self, other: Accumulator) -> None:
+        """Add another accumulator's sums (a finished window into its run label)."""
+        self.polls += other.polls
+        self.failed_scrapes += other.failed_scrapes
+        self.engine_restarts += other.engine_restarts
+        self.restarts_unseen_tail += other.restarts_unseen_tail
+        self.active_seconds += other.active_seconds
+        self.merge_engines(other)
+
+    def merge_engines(self, other: Accumulator) -> None:
+        """Add another accumulator's per-engine sums and expected seconds, not its polls or
+        seconds (a shard's part of a window whose polls the driver counted)."""
+        for e, v in other.expected.items():
+            self.expected[e] = self.expected.get(e, 0.0) + v
+        for eid, o in other.engines.items():
+            acc = self.engines.get(eid)
+            if acc is None:
+                self.engines[eid] = _copy(o)
+            else:
+                _add_sum(acc, o)
+
+    def evict(self, engine: str, into: str) -> None:
+        """Fold an engine's sums into another row (``{endpoint}.evicted``): totals stay
+        exact while the number of rows stays bounded whatever an endpoint's labels do."""
+        o = self.engines.pop(engine, None)
+        if o is None:
+            return
+        dst = self.engines.get(into)
+        if dst is None:
+            self.engines[into] = o
+        else:
+            _add_sum(dst, o)
+        if engine in self.expected:
+            self.expected[into] = self.expected.get(into, 0.0) + self.expected.pop(engine)
+        self._left.discard(engine)
+        self._last_present.discard(engine)
+        self.departed.add(into)
+        if self._open is not None:
+            self._open.pop(engine, None)
+
+    # ------------------------------------------------------------------ results
+
+    def open_span(self, now: float, times: Mapping[str, float]) -> None:
+        """A window opens (start / resume): each engine's own scrape time at that boundary."""
+        self._open = dict(times)
+        self._open_default = now
+        self._joined = {}
+        self._left = set()
+
+    def _span_start(self, engine: str) -> float:
+        assert self._open is not None
+        if engine in self._open:
+            return self._open[engine]
+        return self._joined.get(endpoint_of(engine), self._open_default)
+
+    def endpoint_joins(self, endpoint: str, time: float) -> None:
+        """An endpoint was added to the fleet, first scraped at ``time``."""
+        if self._open is None:
+            return
+        self._joined[endpoint] = time
+        for e in [e for e in self._left if endpoint_of(e) == endpoint]:
+            self._left.discard(e)
+            self._open.pop(e, None)
+
+    def endpoint_leaves(self, endpoint: str, time: float) -> None:
+        """An endpoint was removed from the fleet, last scraped at ``time``: its engines are
+        expected up to there and no further."""
+        if self._open is None:
+            return
+        for e in self._span_engines({}):
+            if endpoint_of(e) == endpoint:
+                self.engine_leaves(e, time)
+
+    def engine_leaves(self, engine: str, time: float) -> None:
+        """An engine is gone for good (a restarted Ray actor's old worker), last scraped at
+        ``time``: expected up to there."""
+        if self._open is None or engine in self._left:
+            return
+        self.expected[engine] = self.expected.get(engine, 0.0) + max(
+            0.0, time - self._span_start(engine)
+        )
+        self._left.add(engine)
+
+    def _span_engines(self, times: Mapping[str, float]) -> set[str]:
+        assert self._open is not None
+        engines = set(self._open) | set(times) | {e for e, a in self.engines.items() if a.is_engine}
+        return engines - self._left
+
+    def close_span(self, now: float, times: Mapping[str, float]) -> None:
+        """A window closes (pause / stop): every engine should have been covered from its time
+        at the opening boundary to its time at this one (the boundary's time if it did not
+        answer, so a failed last scrape shows as missing coverage)."""
+        if self._open is None:
+            return
+        for e in self._span_engines(times):
+            end = times.get(e, now)
+            self.expected[e] = self.expected.get(e, 0.0) + max(0.0, end - self._span_start(e))
+        self._open = None
+        self._joined = {}
+        self._left = set()
+
+    def coverage(self) -> float | None:
+        """Engine-seconds with exact deltas / engine-seconds the interval should cover."""
+        engines = {e: a for e, a in self.engines.items() if a.is_engine}
+        if self.expected:
+            want = sum(self.expected.values())
+            got = sum(min(a.covered, self.expected.get(e, 0.0)) for e, a in engines.items())
+            return None if want <= 0 else round(min(1.0, got / want), 12)
+        # a run label: what the deltas spanned, plus the silence of engines absent from the
+        # last poll (failed, or gone without a departure); nothing lost means exactly 1.0
+        want = got = 0.0
+        for e, a in engines.items():
+            got += a.covered
+            want += a.spanned
+            if e not in self._last_present and e not in self.departed:
+                want += max(0.0, self._last_poll_time - a.current.time)
+        if want <= 0:
+            return None
+        return round(min(1.0, got / want), 12)
+
+    def stats(self, prefixes: Iterable[str] | None = None) -> PollStats | None:
+        """Reduce the sums: totals (``delta``), rates over active seconds, pooled ratios and
+        quantiles, and time-weighted gauges (the gauge columns hold each engine's
+        time-weighted mean; ``peak`` is added per scope)."""
+        if not self.engines:
+            return None
+        seconds = self.active_seconds
+        inputs = []
+        for eid, a in self.engines.items():
+            data = a.current.data.copy()
+            gslots = a.layout.gauge_slots
+            if a.gauge_area is not None and a.gauge_seconds is not None and len(gslots):
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    tw = a.gauge_area[gslots] / a.gauge_seconds[gslots]
+                data[gslots] = np.where(a.gauge_seconds[gslots] > 0, tw, data[gslots])
+            snap = EngineSnapshot(eid, a.layout, data, a.current.time, a.current.wall_time)
+            delta = EngineDelta(eid, snap, a.delta, seconds if seconds > 0 else a.covered)
+            inputs.append(EngineInput(eid, delta, a.role, a.groups, a.is_engine))
+        kw = {"prefixes": tuple(prefixes)} if prefixes else {}
+        stats = reduce_poll(inputs, **kw)
+        _add_peaks(stats, self)
+        return stats
+
+    # ------------------------------------------------------------------ persistence
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-able): each engine's layout, current values and sums by slot."""
+        engines = []
+        for eid, a in self.engines.items():
+            engines.append(engine_to_data(eid, a))
+        return {
+            "label": self.label,
+            "active_seconds": self.active_seconds,
+            "polls": self.polls,
+            "failed_scrapes": self.failed_scrapes,
+            "engine_restarts": self.engine_restarts,
+            "restarts_unseen_tail": self.restarts_unseen_tail,
+            "expected": [[_id_json(e), v] for e, v in self.expected.items()],
+            "engines": engines,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> Accumulator:
+        acc = cls(state["label"])
+        acc.active_seconds = float(state["active_seconds"])
+        acc.polls = int(state["polls"])
+        acc.failed_scrapes = int(state["failed_scrapes"])
+        acc.engine_restarts = int(state["engine_restarts"])
+        acc.restarts_unseen_tail = int(state.get("restarts_unseen_tail", 0))
+        acc.expected = {EngineId.from_json(e): float(v) for e, v in state.get("expected", [])}
+        for e in state["engines"]:
+            eid, engine = engine_from_data(e)
+            acc.engines[eid] = engine
+        return acc
+
+
+def _add_sum(acc: _EngineSum, o: _EngineSum) -> None:
+    """Add ``o``'s sums to ``acc`` (layouts realigned: series come and go)."""
+    acc.realign(o.layout)
+    acc.current = o.current
+    o2 = _copy(o)
+    o2.realign(acc.layout)
+    acc.delta = acc.delta + o2.delta
+    acc.covered += o2.covered
+    acc.spanned += o2.spanned
+    acc.restarts += o2.restarts
+    for sid, vals in o2.retired.items():  # absent from both layouts
+        acc.retired[sid] = _combine(acc.retired.get(sid), vals)
+    if o2.gauge_area is not None:
+        assert o2.gauge_seconds is not None and o2.gauge_peak is not None
+        if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
+            acc.gauge_area = o2.gauge_area.copy()
+            acc.gauge_seconds = o2.gauge_seconds.copy()
+            acc.gauge_peak = o2.gauge_peak.copy()
+        else:
+            acc.gauge_area += o2.gauge_area
+            acc.gauge_seconds += o2.gauge_seconds
+            acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
+
+
+def _add_rows(layout: EngineLayout, rows: list[tuple[EngineDelta, _EngineSum]]) -> None:
+    """Add one poll's deltas of engines of one layout to their sums: unknown increases stay
+    unknown (NaN) in cumulative slots, other slots add nothing; gauges add value x seconds,
+    seconds and their peak where the value is known."""
+    inc = np.stack([d.delta for d, _ in rows])
+    unknown = np.isnan(inc)
+    unknown[:, layout.cumulative] = False
+    inc[unknown] = 0.0
+    for (_, acc), row in zip(rows, inc, strict=True):
+        acc.delta = acc.delta + row
+    gslots = layout.gauge_slots
+    if not len(gslots):
+        return
+    values = np.stack([d.current.data for d, _ in rows])[:, gslots]
+    secs = np.array([d.seconds for d, _ in rows])[:, None]
+    ok = ~np.isnan(values)
+    area = np.where(ok, values * secs, 0.0)
+    seconds = np.where(ok, secs, 0.0)
+    n = len(layout.slot_ids)
+    for i, (_, acc) in enumerate(rows):
+        if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
+            acc.gauge_area, acc.gauge_seconds = np.zeros(n), np.zeros(n)
+            acc.gauge_peak = np.full(n, np.nan)
+        acc.gauge_area[gslots] += area[i]
+        acc.gauge_seconds[gslots] += seconds[i]
+        acc.gauge_peak[gslots] = np.fmax(acc.gauge_peak[gslots], values[i])
+
+
+def _add_peaks(stats: PollStats, acc: Accumulator) -> None:
+    """Per scope, each gauge's peak: the max over engines of their max over polls."""
+    peaks: dict[str, dict[str, float]] = {}  # engine -> metric -> peak
+    for eid, a in acc.engines.items():
+        if a.gauge_peak is None:
+            continue
+        plan = plan_for(a.layout)
+        # plan value columns of kind gauge map 1:1 onto gauge slots (or sums of them)
+        per = {}
+        for g in a.layout.gauges:
+            name = gauge_metric_name(metric_name(g.name), g.labels)
+            v = a.gauge_peak[g.slot]
+            if not math.isnan(v) and name in plan.names:
+                per[name] = float(v)
+        peaks[eid] = per
+    for scope, s in stats.scopes.items():
+        members = _scope_members(stats, acc, scope)
+        for eid in members:
+            for name, v in peaks.get(eid, {}).items():
+                m = s.metrics.setdefault(name, {})
+                m["peak"] = max(m.get("peak", -math.inf), v)
+
+
+def _scope_members(stats: PollStats, acc: Accumulator, scope: str) -> list[str]:
+    if scope == "agg":
+        return list(acc.engines)
+    return [eid for eid, a in acc.engines.items() if a.role == scope or scope in a.groups]

@@ -1,0 +1,112 @@
+"""One engine's exact sums over a set of polls (the per-engine part of an accumulator)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fleetscope.identity import Role
+from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
+
+
+@dataclass
+class _EngineSum:
+    layout: EngineLayout
+    current: EngineSnapshot
+    delta: np.ndarray  # summed per-slot increases (NaN: unknown for this window)
+    covered: float = 0.0  # engine-seconds with deltas whose counts were observed
+    spanned: float = 0.0  # engine-seconds the deltas spanned
+    gauge_area: np.ndarray | None = None  # sum of value * seconds per slot (gauges)
+    gauge_seconds: np.ndarray | None = None
+    gauge_peak: np.ndarray | None = None
+    role: Role | None = None
+    groups: tuple[str, ...] = ()
+    is_engine: bool = True
+    restarts: int = 0
+    # sums of series missing from the current layout, by slot id: (delta, gauge area, gauge
+    # seconds, gauge peak). A series that blinks out (after a restart, multiprocess-mode gauges
+    # and lazily created children are absent until first used) keeps what it summed so far
+    # and gets it back when it returns.
+    retired: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+
+    def realign(self, layout: EngineLayout) -> None:
+        """Carry sums over to a new layout of the same engine (series come and go)."""
+        if layout is self.layout:
+            return
+        old = self.layout.index
+        new = layout.index
+        for sid, i in old.items():
+            if sid not in new:
+                self._retire(sid, i)
+        idx = np.array([old.get(s, -1) for s in layout.slot_ids], dtype=np.intp)
+        have = idx >= 0
+
+        def move(arr: np.ndarray, fill: float) -> np.ndarray:
+            out = np.full(len(layout.slot_ids), fill)
+            out[have] = arr[idx[have]]
+            return out
+
+        self.delta = move(self.delta, 0.0)  # a new series had nothing before it appeared
+        if self.gauge_area is not None:
+            assert self.gauge_seconds is not None and self.gauge_peak is not None
+            self.gauge_area = move(self.gauge_area, 0.0)
+            self.gauge_seconds = move(self.gauge_seconds, 0.0)
+            self.gauge_peak = move(self.gauge_peak, np.nan)
+        self.layout = layout
+        for sid in [sid for sid in self.retired if sid in new]:
+            self._restore(sid, new[sid])
+
+    def _retire(self, sid: str, i: int) -> None:
+        def at(arr: np.ndarray | None, fill: float) -> float:
+            return fill if arr is None else float(arr[i])
+
+        vals = (
+            at(self.delta, 0.0),
+            at(self.gauge_area, 0.0),
+            at(self.gauge_seconds, 0.0),
+            at(self.gauge_peak, math.nan),
+        )
+        if vals[0] == 0 and vals[1] == 0 and vals[2] == 0 and math.isnan(vals[3]):
+            return  # nothing summed: nothing to keep
+        self.retired[sid] = _combine(self.retired.get(sid), vals)
+
+    def _restore(self, sid: str, j: int) -> None:
+        d, area, secs, peak = self.retired.pop(sid)
+        self.delta[j] += d
+        if area or secs or not math.isnan(peak):
+            if self.gauge_area is None:
+                n = len(self.layout.slot_ids)
+                self.gauge_area, self.gauge_seconds = np.zeros(n), np.zeros(n)
+                self.gauge_peak = np.full(n, np.nan)
+            assert self.gauge_seconds is not None and self.gauge_peak is not None
+            self.gauge_area[j] += area
+            self.gauge_seconds[j] += secs
+            self.gauge_peak[j] = np.fmax(self.gauge_peak[j], peak)
+
+
+def _combine(
+    a: tuple[float, float, float, float] | None, b: tuple[float, float, float, float]
+) -> tuple[float, float, float, float]:
+    if a is None:
+        return b
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], float(np.fmax(a[3], b[3])))
+
+
+def _copy(a: _EngineSum) -> _EngineSum:
+    return _EngineSum(
+        a.layout,
+        a.current,
+        a.delta.copy(),
+        covered=a.covered,
+        spanned=a.spanned,
+        gauge_area=None if a.gauge_area is None else a.gauge_area.copy(),
+        gauge_seconds=None if a.gauge_seconds is None else a.gauge_seconds.copy(),
+        gauge_peak=None if a.gauge_peak is None else a.gauge_peak.copy(),
+        role=a.role,
+        groups=a.groups,
+        is_engine=a.is_engine,
+        restarts=a.restarts,
+        retired=dict(a.retired),
+    )
