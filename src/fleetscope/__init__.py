@@ -103,14 +103,16 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from fleetscope.collector.handles import WindowHandle
     from fleetscope.collector.core import Collector
-    from fleetscope.fleet.config import CollectorConfig
-    from fleetscope.exposition import Exposition, ExpositionError, Parser, parse
-    from fleetscope.health import HealthEvent, HealthThresholds
-    from fleetscope.identity import EngineId
+    from fleetscope.collector.handles import WindowHandle
     from fleetscope.collector.sharded import ShardedCollector, ShardedSource
     from fleetscope.collector.signals import stop_on_signals
+    from fleetscope.exposition import Exposition, ExpositionError, Parser, parse
+    from fleetscope.fleet.config import CollectorConfig
+    from fleetscope.fleet.view import EngineLoad, FleetView
+    from fleetscope.health import HealthEvent, HealthThresholds
+    from fleetscope.identity import EngineId
+    from fleetscope.rl.weight_sync import WeightSyncHandle
     from fleetscope.sinks.base import Sink
     from fleetscope.sinks.grafana import GrafanaAnnotator
     from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
@@ -122,6 +124,4 @@ if TYPE_CHECKING:
     from fleetscope.sources.http.source import Endpoint, HttpSource
     from fleetscope.sources.prometheus import PrometheusSource
     from fleetscope.sources.ray.source import RayIdentity, RaySource
-    from fleetscope.fleet.view import EngineLoad, FleetView
-    from fleetscope.rl.weight_sync import WeightSyncHandle
     from fleetscope.stats.windows import WindowError

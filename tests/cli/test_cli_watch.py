@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import read_jsonl
+from fleetscope_sim import FleetServer, SimFleet
 
 DEADLINE_S = 120  # generous for a loaded machine: a bound on waiting, not an expected time
 

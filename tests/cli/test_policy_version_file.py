@@ -13,8 +13,8 @@ from pathlib import Path
 from test_cli_watch import DEADLINE_S, base_env, fleetscope_cmd, wait_until
 
 from fleetscope.cli._policy_file import PolicyVersionFile
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import read_jsonl
+from fleetscope_sim import FleetServer, SimFleet
 
 
 def write_atomically(path: Path, text: str) -> None:

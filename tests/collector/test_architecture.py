@@ -15,11 +15,11 @@ import pytest
 import fleetscope
 from fleetscope.collector.core import Collector
 from fleetscope.identity import EngineId
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.base import EventSink, PollSink, RunSink, Sink, WindowSink
 from fleetscope.sources.base import MembershipSource, Source
 from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.prometheus import PrometheusSource
+from fleetscope_sim import FleetServer, SimFleet
 
 
 def test_public_api_imports_from_the_top_level():

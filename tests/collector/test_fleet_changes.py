@@ -17,8 +17,8 @@ import pytest
 
 from conftest import ROOT
 from fleetscope.collector.core import Collector, FleetView
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

@@ -26,9 +26,9 @@ import pytest
 from conftest import KV_PRESSURE_LOAD
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.health import CONDITIONS, HealthEvent, HealthMonitor, HealthThresholds
-from fleetscope_sim import FleetServer, LoadProfile, SimFleet
 from fleetscope.sinks.terminal import STATUS, TerminalSink
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, LoadProfile, SimFleet
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

@@ -20,8 +20,8 @@ import pytest
 
 from fleetscope.collector.core import Collector
 from fleetscope.health import CONDITIONS, HealthThresholds
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

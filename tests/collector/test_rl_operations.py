@@ -15,9 +15,9 @@ import pytest
 
 from conftest import DATA, bucket_values, promql_bucket_quantile, sample_values
 from fleetscope.catalog import BREAKDOWN_LABELS
-from fleetscope.rl.operations import operation_keys, poll_rows
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.rl.operations import operation_keys, poll_rows
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
@@ -175,8 +175,8 @@ async def test_per_endpoint_operations_in_windows_and_the_run_summary() -> None:
     import asyncio
 
     from fleetscope.collector.core import Collector
-    from fleetscope_sim import FleetServer, SimFleet
     from fleetscope.sources.http.source import Endpoint
+    from fleetscope_sim import FleetServer, SimFleet
 
     roles = {"server0": "decode", "server1": "decode", "server2": "prefill"}
     fleet = SimFleet(seed=3)

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from fleetscope.collector.core import Collector
+from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, LoadProfile, SimFleet
 from fleetscope_sim.rl_metrics import SLEEP_MODE, WEIGHT_UPDATE
-from fleetscope.sources.http.source import Endpoint
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

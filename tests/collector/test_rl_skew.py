@@ -12,8 +12,8 @@ import pytest
 from test_rl_lifecycle import GEN, rig, step_and_poll
 
 from fleetscope.collector.core import Collector
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

@@ -14,8 +14,8 @@ import httpx
 
 from fleetscope.collector.core import Collector
 from fleetscope.rl.states import asleep_from_gauge
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 DP = {"server0": 1, "server1": 2, "server2": 1}
 ROLE = {"server0": "decode", "server1": "decode", "server2": "prefill"}

@@ -31,7 +31,6 @@ from conftest import KV_PRESSURE_LOAD, RAY_DIR, fixture_text, promql_bucket_quan
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import ScrapeResult
-from fleetscope_sim import FleetServer, LoadProfile, SimFleet
 from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.ray.source import (
     IDENTITY_LOOKUP_TIMEOUT,
@@ -40,6 +39,7 @@ from fleetscope.sources.ray.source import (
     RaySource,
     worker_ids_of_actors,
 )
+from fleetscope_sim import FleetServer, LoadProfile, SimFleet
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

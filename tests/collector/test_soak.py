@@ -26,11 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fleetscope.stats.accumulate import Accumulator, _EngineSum
 from fleetscope.collector.core import Collector
 from fleetscope.identity import EngineId
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sources.http.source import Endpoint
+from fleetscope.stats.accumulate import Accumulator, _EngineSum
+from fleetscope_sim import FleetServer, SimFleet
 from support.simclock import keep_clock_ahead
 
 FAMILIES = (

@@ -16,9 +16,9 @@ import pytest
 
 from fleetscope.collector.core import Collector
 from fleetscope.collector.process import IsolatedCollector
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 
 def polls(c) -> int:

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from fleetscope.collector.core import Collector
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sources.http.source import Endpoint
 from fleetscope.stats.windows import WindowError
+from fleetscope_sim import FleetServer, SimFleet
 from support.simclock import ahead_fleet
 
 # metric as fleetscope names it -> (simulator family, label values)

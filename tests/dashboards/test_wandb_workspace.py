@@ -24,8 +24,8 @@ from fleetscope.cli import main
 from fleetscope.collector.core import Collector
 from fleetscope.dashboards import wandb_workspace as ww
 from fleetscope.health import CONDITIONS
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 # wandb-workspaces still uses pydantic v1-style validators
 pytestmark = pytest.mark.filterwarnings("ignore:Pydantic V1 style:DeprecationWarning")

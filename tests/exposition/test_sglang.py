@@ -17,8 +17,8 @@ import pytest
 
 from conftest import DATA, VLLM_DIR, promql_bucket_quantile
 from fleetscope.exposition import Parser, parse
-from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope.exposition.snapshot import EngineSnapshot
+from fleetscope.fleet.state import FleetState, ScrapeResult
 
 SG = DATA / "sglang-0.5.23"
 TRUTH = json.loads((SG / "truth.json").read_text())

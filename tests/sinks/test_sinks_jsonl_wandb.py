@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.sinks.base import Sink
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sinks.wandb import WandbSink, api_key_configured, resolve_mode
+from fleetscope.util.warn import RateLimitedWarner
 
 WANDB_LOGGER = "fleetscope.sinks.wandb"
 NONFINITE_STRINGS = {"NaN", "Infinity", "-Infinity"}

@@ -33,12 +33,12 @@ from tensorboard.backend.event_processing import event_accumulator as ea
 from tensorboard.util import tensor_util
 
 from fleetscope.collector.core import Collector
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.base import Sink
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sinks.mlflow import MAX_METRICS_PER_BATCH, MlflowSink, mlflow_key
 from fleetscope.sinks.tensorboard import SUMMARY_PREFIX, TensorBoardSink
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 ML_LOGGER = "fleetscope.sinks.mlflow"
 TB_LOGGER = "fleetscope.sinks.tensorboard"

@@ -13,10 +13,10 @@ from conftest import DATA, FIXTURES
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
 from fleetscope.rl.view import engine_kind
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.terminal import TerminalSink, engine_rows
 from fleetscope.sources.base import ScrapeResult
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 BODIES = {
     "vllm0": [FIXTURES / "vllm-0.32.0-cpu" / f"dp2_{s}.prom" for s in ("idle", "load")],

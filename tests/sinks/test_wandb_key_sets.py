@@ -27,9 +27,9 @@ import pytest
 from fleetscope.collector.core import Collector
 from fleetscope.dashboards.wandb_workspace import inference_panels, panel_keys
 from fleetscope.keys import HEADLINE_METRICS
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 NONFINITE = {"NaN", "Infinity", "-Infinity"}
 PER_POLL = 1500

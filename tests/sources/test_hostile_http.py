@@ -21,9 +21,9 @@ import pytest
 
 from conftest import fixture_text, sample_value, set_values
 from fleetscope.collector.core import Collector, FleetView
-from fleetscope_sim import FleetServer, SimFleet
-from fleetscope.sources.http.source import Endpoint
 from fleetscope.fleet.view import counter_increase
+from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import FleetServer, SimFleet
 
 LOAD = fixture_text("single_load.prom")
 AFTER = fixture_text("single_after.prom")

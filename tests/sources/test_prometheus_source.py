@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import PollResult
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sources.http.source import Endpoint
 from fleetscope.sources.prometheus import PrometheusSource
+from fleetscope_sim import FleetServer, SimFleet
 from support.prom import PrometheusError, PrometheusServer, serve_registry
 
 SCRAPE_INTERVAL = 0.5

@@ -33,7 +33,12 @@ from ray import cloudpickle
 from ray.util import metrics as ray_metrics
 
 from fleetscope.collector.core import Collector
-from fleetscope.sources.ray.source import RayIdentity, RaySource, discover_agents, worker_ids_of_actors
+from fleetscope.sources.ray.source import (
+    RayIdentity,
+    RaySource,
+    discover_agents,
+    worker_ids_of_actors,
+)
 from support.ray_cluster import local_ray
 
 # Ray's workers cannot import this test module: ship its actor class by value

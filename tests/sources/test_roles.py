@@ -21,9 +21,9 @@ import pytest
 from fleetscope.catalog import KV_CONSUMER_FAMILY
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.health import HealthThresholds
-from fleetscope_sim import CONTENT_TYPE_LATEST, FleetServer, SimEndpoint, SimFleet
 from fleetscope.sinks.terminal import TerminalSink
 from fleetscope.sources.http.source import Endpoint
+from fleetscope_sim import CONTENT_TYPE_LATEST, FleetServer, SimEndpoint, SimFleet
 
 WORKER_INFO = "/get_metrics_worker_info"
 GEN = "generation_tokens_total:rate"

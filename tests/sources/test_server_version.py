@@ -11,9 +11,8 @@ import httpx
 import pytest
 
 from conftest import DATA
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.exposition import parse
-from fleetscope_sim import FleetServer, SimFleet
+from fleetscope.sources.base import ScrapeResult
 from fleetscope.sources.http.membership import Endpoint
 from fleetscope.sources.http.server_version import (
     JUDGE_BODIES,
@@ -21,8 +20,9 @@ from fleetscope.sources.http.server_version import (
     expected_families,
     version_tuple,
 )
-from fleetscope.sources.base import ScrapeResult
 from fleetscope.sources.http.source import HttpSource
+from fleetscope.util.warn import RateLimitedWarner
+from fleetscope_sim import FleetServer, SimFleet
 
 SG = DATA / "sglang-0.5.23"
 

@@ -31,10 +31,9 @@ import pytest
 
 from conftest import VLLM_DIR
 from fleetscope.collector.core import Collector
+from fleetscope.collector.sharded import ShardedCollector, shard_endpoints
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import FleetState, ScrapeResult
-from fleetscope.collector.sharded import ShardedCollector, shard_endpoints
-from fleetscope_sim import FleetServer, SimFleet
 from fleetscope.sources.http.source import Endpoint
 from fleetscope.stats.reduce import (
     EngineInput,
@@ -44,6 +43,7 @@ from fleetscope.stats.reduce import (
     partial_reduce,
     reduce_poll,
 )
+from fleetscope_sim import FleetServer, SimFleet
 from support.ray_cluster import local_ray
 
 WALL0 = 1_795_000_000.0

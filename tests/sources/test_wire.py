@@ -31,6 +31,7 @@ from fleetscope.sources.http.client import (
     is_refusal,
     new_clients,
 )
+from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.http.wire import (
     BodyTooLarge,
     ConnectFailed,
@@ -38,7 +39,6 @@ from fleetscope.sources.http.wire import (
     Refused,
     WireClient,
 )
-from fleetscope.sources.http.source import Endpoint, HttpSource
 
 BODY = b'# TYPE vllm:x counter\nvllm:x_total{engine="0"} 1.0\n'
 TEXT = b"Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from fleetscope.collector.core import Collector, FleetView
+from fleetscope.fleet.view import counter_increase
+from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
 from fleetscope_sim.vllm_families import build_1_2_5_buckets
-from fleetscope.sources.http.source import Endpoint
-from fleetscope.fleet.view import counter_increase
 from support.prom import PrometheusServer
 
 pytestmark = pytest.mark.slow

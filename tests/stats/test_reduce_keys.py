@@ -20,9 +20,9 @@ from conftest import (
     set_values,
 )
 from fleetscope.exposition import Parser
+from fleetscope.exposition.snapshot import EngineSnapshot
 from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope.keys import DEFAULT_KEY_BUDGET, KeyOptions, poll_keys, tail_engines
-from fleetscope.exposition.snapshot import EngineSnapshot
 from fleetscope.stats.deltas import engine_delta
 from fleetscope.stats.reduce import EngineInput, reduce_poll
 

@@ -34,10 +34,10 @@ from typing import Any
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Exposition
 from fleetscope.fleet.state import PollResult
-from fleetscope.sources.http.membership import Endpoint
-from fleetscope.sources.base import MembershipSource
 from fleetscope.fleet.view import FleetView
 from fleetscope.rl.weight_sync import WeightSyncHandle
+from fleetscope.sources.base import MembershipSource
+from fleetscope.sources.http.membership import Endpoint
 
 _PR_SET_PDEATHSIG = 1
 # how often a regular poll's reply carries the child's state (boundaries always do): the state

@@ -19,19 +19,19 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.collector.handles import BoundaryLedger, WindowHandle
+from fleetscope.collector.rl import RLLifecycle
 from fleetscope.fleet.config import CollectorConfig
-from fleetscope.keys import KeyDict, key_prefix
 from fleetscope.fleet.pipeline import PollPipeline
 from fleetscope.fleet.report import accumulator_keys
-from fleetscope.collector.rl import RLLifecycle
+from fleetscope.fleet.view import EngineLoad, FleetView
+from fleetscope.keys import KeyDict, key_prefix
 from fleetscope.sinks.base import Sink
 from fleetscope.sinks.fanout import SinkFanout
 from fleetscope.sources.base import MembershipSource, ModelInfoSource, Source
 from fleetscope.sources.http.source import Endpoint, HttpSource
-from fleetscope.fleet.view import EngineLoad, FleetView
 from fleetscope.stats.windows import WindowError
+from fleetscope.util.warn import RateLimitedWarner
 
 __all__ = ["Collector", "EngineLoad", "FleetView", "WindowError", "WindowHandle"]
 

@@ -43,12 +43,12 @@ from typing import Any, cast
 import fleetscope
 from fleetscope.collector.core import Collector
 from fleetscope.fleet.config import ISOLATION_AUTO_ENDPOINTS, CollectorConfig
-from fleetscope.identity import Role
-from fleetscope.sinks.base import Sink
-from fleetscope.sources.http.membership import Endpoint, EndpointSet, Members
-from fleetscope.sources.base import Departure, ScrapeResult, Source
 from fleetscope.fleet.view import FleetView
+from fleetscope.identity import Role
 from fleetscope.rl.weight_sync import WeightSyncHandle
+from fleetscope.sinks.base import Sink
+from fleetscope.sources.base import Departure, ScrapeResult, Source
+from fleetscope.sources.http.membership import Endpoint, EndpointSet, Members
 
 log = logging.getLogger("fleetscope")
 

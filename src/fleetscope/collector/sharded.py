@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from fleetscope.collector.core import Collector
-from fleetscope.fleet.config import CollectorConfig
 from fleetscope.exposition import Exposition, InvalidSeries
-from fleetscope.identity import Role
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
-from fleetscope.sources.http.membership import Endpoint, EndpointSet, Members
+from fleetscope.fleet.config import CollectorConfig
+from fleetscope.identity import Role
 from fleetscope.sources.base import Departure, ScrapeResult
+from fleetscope.sources.http.membership import Endpoint, EndpointSet, Members
 from fleetscope.sources.http.source import HttpSource
 
 # (label, layout token, values, process start, invalid series) of one engine ("" label: the

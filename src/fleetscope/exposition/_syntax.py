@@ -8,8 +8,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from fleetscope.identity import Role
 from fleetscope.exposition.snapshot import EngineSnapshot
+from fleetscope.identity import Role
 
 # docs/rules.md §2: a 50 MB body is bad input. Real bodies are ~50-70 kB (vLLM) to ~0.5 MB (a Ray
 # node agent); 16 MiB leaves room for large fleets behind one endpoint.

@@ -29,8 +29,8 @@ from fleetscope.exposition._syntax import (
     InvalidSeries,
     parse_sample,
 )
-from fleetscope.identity import Role
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot, without_groups
+from fleetscope.identity import Role
 
 _ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
 

@@ -12,21 +12,21 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.fleet.config import CollectorConfig
-from fleetscope.rl.operations import operation_keys, poll_rows
+from fleetscope.fleet.report import summary_keys
 from fleetscope.fleet.state import FleetState
+from fleetscope.fleet.view import FleetView, build_view
 from fleetscope.health import HealthMonitor, health_keys
 from fleetscope.identity import EngineId
 from fleetscope.keys import key_prefix, summary_prefix
-from fleetscope.fleet.report import summary_keys
+from fleetscope.rl.operations import operation_keys, poll_rows
 from fleetscope.rl.states import EngineStates
-from fleetscope.rl.view import EndpointInfo, endpoint_info
-from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.rl.versions import PolicyVersions
-from fleetscope.fleet.view import FleetView, build_view
+from fleetscope.rl.view import EndpointInfo, endpoint_info
 from fleetscope.rl.weight_sync import WeightSyncs
+from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.stats.windows import Window, WindowSet
+from fleetscope.util.warn import RateLimitedWarner
 
 log = logging.getLogger("fleetscope")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fleetscope.rl.operations import accumulator_rows, operation_keys
 from fleetscope.keys import (
     KeyDict,
     KeyOptions,
@@ -16,6 +15,7 @@ from fleetscope.keys import (
     skyrl_interval_keys,
     summary_prefix,
 )
+from fleetscope.rl.operations import accumulator_rows, operation_keys
 from fleetscope.stats.windows import COMBINED, Accumulator
 
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.identity import EngineId, Role
 from fleetscope.keys import KeyOptions, key_prefix, poll_keys
 from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.baselines import Advance, Baselines
 from fleetscope.stats.deltas import EngineDelta
+from fleetscope.util.warn import RateLimitedWarner
 
 if TYPE_CHECKING:
     from fleetscope.health import HealthEvent

@@ -19,15 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from fleetscope.keys.sets import (
-    COUNTED_HISTOGRAMS,
-    KEY_SETS,
-    KeyDict,
-    KeySet,
-    compact_engine_column,
-    compact_stats,
-    key_set_of,
-)
 from fleetscope.keys.prime_rl import (
     CORE_SCOPES,
     DEFAULT_KEY_BUDGET,
@@ -38,6 +29,15 @@ from fleetscope.keys.prime_rl import (
     prime_rl_keys,
     scope_keys,
     tail_engines,
+)
+from fleetscope.keys.sets import (
+    COUNTED_HISTOGRAMS,
+    KEY_SETS,
+    KeyDict,
+    KeySet,
+    compact_engine_column,
+    compact_stats,
+    key_set_of,
 )
 from fleetscope.keys.skyrl import (
     SKYRL_STEP_KEYS,

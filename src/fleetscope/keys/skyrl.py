@@ -10,8 +10,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from fleetscope import catalog
-from fleetscope.keys.sets import KeyDict, _finite
 from fleetscope.catalog import DECODE_ONLY_METRICS
+from fleetscope.keys.sets import KeyDict, _finite
 from fleetscope.stats.reduce import PollStats
 
 # SkyRL step key -> (our metric, our stat)

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from fleetscope.catalog import OPERATION_FAMILIES, label_suffix
+from fleetscope.exposition.snapshot import EngineLayout
 from fleetscope.identity import Role, endpoint_of
 from fleetscope.keys import KeyDict
-from fleetscope.exposition.snapshot import EngineLayout
 from fleetscope.stats.plans import metric_name
 from fleetscope.stats.quantiles import bucket_quantile
 

@@ -35,10 +35,10 @@ from typing import Any
 import httpx
 
 from fleetscope import catalog
-from fleetscope.rl.probe import RouteProbe, bool_field
+from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.health import HealthEvent
 from fleetscope.identity import endpoint_of
-from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
+from fleetscope.rl.probe import RouteProbe, bool_field
 from fleetscope.stats.reduce import EngineInput
 
 __all__ = ["SLEEP_STATE_FAMILY", "EngineStates", "asleep_from_gauge"]

@@ -35,14 +35,14 @@ from typing import Any
 import httpx
 
 from fleetscope import catalog
-from fleetscope.rl.probe import WEIGHT_INFO_BYTES, RouteProbe, _Probe
 from fleetscope.health import HealthEvent
-from fleetscope.stats.deltas import EngineDelta
-from fleetscope.stats.reduce import EngineInput
+from fleetscope.rl.probe import WEIGHT_INFO_BYTES, RouteProbe, _Probe
 from fleetscope.rl.spans import RL, LabelSpan, PollVersions
 from fleetscope.rl.spans import TokenSums as _Sums
 from fleetscope.rl.spans import share_keys as _share_keys
 from fleetscope.rl.spans import token_keys as _token_keys
+from fleetscope.stats.deltas import EngineDelta
+from fleetscope.stats.reduce import EngineInput
 
 __all__ = [
     "GENERATION_FAMILY",

@@ -14,8 +14,8 @@ from fleetscope.catalog import engine_kind
 
 if TYPE_CHECKING:
     from fleetscope.rl.states import EngineStates
-    from fleetscope.sources.base import ScrapeResult
     from fleetscope.rl.versions import PolicyVersions
+    from fleetscope.sources.base import ScrapeResult
 
 __all__ = ["KIND_NAMES", "EndpointInfo", "endpoint_info", "engine_kind"]
 

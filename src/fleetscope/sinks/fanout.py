@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.keys import KeySet, key_set_of
 from fleetscope.sinks.base import EventSink, PollSink, RunSink, Sink, WindowSink
+from fleetscope.util.warn import RateLimitedWarner
 
 if TYPE_CHECKING:
     from fleetscope.fleet.state import PollResult

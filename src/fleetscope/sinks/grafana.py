@@ -54,9 +54,9 @@ from typing import Any
 
 import httpx
 
+from fleetscope.sinks._grafana_api import _now_ms, _Region, validate_grafana_url
 from fleetscope.util.redact import redact
 from fleetscope.util.warn import RateLimitedWarner
-from fleetscope.sinks._grafana_api import _now_ms, _Region, validate_grafana_url
 
 __all__ = ["DEFAULT_TAGS", "GrafanaAnnotator", "validate_grafana_url"]
 

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.sinks.base import Value
+from fleetscope.util.warn import RateLimitedWarner
 
 logger = logging.getLogger(__name__)
 

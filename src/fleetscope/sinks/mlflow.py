@@ -58,9 +58,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.keys import KEY_SETS, KeySet
 from fleetscope.sinks.base import Value, numeric
+from fleetscope.util.warn import RateLimitedWarner
 
 logger = logging.getLogger(__name__)
 

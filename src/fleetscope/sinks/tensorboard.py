@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.sinks.base import Value, numeric
+from fleetscope.util.warn import RateLimitedWarner
 
 logger = logging.getLogger(__name__)
 

@@ -53,9 +53,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.keys import KEY_SETS, KeySet
 from fleetscope.sinks.base import Value
+from fleetscope.util.warn import RateLimitedWarner
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run

@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from fleetscope.exposition.textformat import escape_label_value, format_value, labels_text
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.exposition import ExpositionError, Parser
+from fleetscope.exposition.textformat import escape_label_value, format_value, labels_text
 from fleetscope.identity import Role
 from fleetscope.sources.base import Departure, ScrapeResult
+from fleetscope.util.warn import RateLimitedWarner
 
 log = logging.getLogger("fleetscope")
 

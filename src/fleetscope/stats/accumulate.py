@@ -24,6 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from fleetscope.catalog import gauge_metric_name
+from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
+from fleetscope.identity import EngineId, endpoint_of
+from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.engine_sum import _combine, _copy, _EngineSum
 from fleetscope.stats.persist import (
     _id_json,
@@ -32,10 +36,6 @@ from fleetscope.stats.persist import (
     layout_from_data,
     layout_to_data,
 )
-from fleetscope.catalog import gauge_metric_name
-from fleetscope.identity import EngineId, endpoint_of
-from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
-from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.reduce import EngineInput, PollStats, metric_name, plan_for, reduce_poll
 
 __all__ = ["Accumulator", "layout_from_data", "layout_to_data"]

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fleetscope.identity import Role
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
+from fleetscope.identity import Role
 
 
 @dataclass

@@ -12,8 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from fleetscope.stats.engine_sum import _EngineSum
-from fleetscope.identity import EngineId
 from fleetscope.exposition.snapshot import (
     CounterSeries,
     EngineLayout,
@@ -21,6 +19,8 @@ from fleetscope.exposition.snapshot import (
     GaugeSeries,
     HistogramSeries,
 )
+from fleetscope.identity import EngineId
+from fleetscope.stats.engine_sum import _EngineSum
 
 
 def engine_to_data(eid: str, a: _EngineSum) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetscope.stats.accumulate import Accumulator
 from fleetscope.identity import EngineId, endpoint_of
+from fleetscope.stats.accumulate import Accumulator
 from fleetscope.stats.reduce import EngineInput
 
 __all__ = ["COMBINED", "IDLE", "Accumulator", "Window", "WindowError", "WindowSet"]

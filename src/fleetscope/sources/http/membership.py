@@ -6,8 +6,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from fleetscope.util.redact import redact
 from fleetscope.identity import Role, validate_endpoint_name
+from fleetscope.util.redact import redact
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fleetscope.util.backoff import Backoff
 from fleetscope.catalog import (
     FAMILIES,
     GENERATION_TOKENS,
@@ -43,8 +42,9 @@ from fleetscope.catalog import (
     engine_kind,
 )
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
-from fleetscope.sources.http.client import ScrapeError, describe, get_json
 from fleetscope.sources.base import ScrapeResult
+from fleetscope.sources.http.client import ScrapeError, describe, get_json
+from fleetscope.util.backoff import Backoff
 
 if TYPE_CHECKING:
     import httpx

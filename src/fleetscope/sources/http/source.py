@@ -25,11 +25,10 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
-from fleetscope.util.backoff import Backoff
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.catalog import KV_CONSUMER_FAMILY
 from fleetscope.exposition import MAX_BODY_BYTES, Exposition, ExpositionError, Parser
 from fleetscope.identity import Role
+from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http.client import (
     ACCEPT,
     ScrapeError,
@@ -43,7 +42,8 @@ from fleetscope.sources.http.client import (
 from fleetscope.sources.http.loop_parse import LoopParser
 from fleetscope.sources.http.membership import Endpoint, EndpointSet, Members, name_endpoints
 from fleetscope.sources.http.server_version import ServerVersions
-from fleetscope.sources.base import Departure, ScrapeResult
+from fleetscope.util.backoff import Backoff
+from fleetscope.util.warn import RateLimitedWarner
 
 __all__ = ["ACCEPT", "Endpoint", "HttpSource", "name_endpoints"]
 

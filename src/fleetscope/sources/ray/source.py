@@ -28,12 +28,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
-from fleetscope.util.redact import redact
-from fleetscope.util.warn import RateLimitedWarner
 from fleetscope.exposition import Exposition
-from fleetscope.identity import EngineId, Role
 from fleetscope.exposition.snapshot import EngineSnapshot
-from fleetscope.sources.ray.merge import _has_series, _is_engine, _labels, _merge_layouts, _Merged
+from fleetscope.identity import EngineId, Role
 from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.ray.identity import (
@@ -47,6 +44,9 @@ from fleetscope.sources.ray.identity import (
     owner_of,
     worker_ids_of_actors,
 )
+from fleetscope.sources.ray.merge import _has_series, _is_engine, _labels, _merge_layouts, _Merged
+from fleetscope.util.redact import redact
+from fleetscope.util.warn import RateLimitedWarner
 
 __all__ = [
     "IDENTITY_LOOKUP_TIMEOUT",
