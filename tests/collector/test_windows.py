@@ -715,3 +715,40 @@ def test_a_boundary_at_clock_zero_counts() -> None:
     ws.start("train", 0.0)
     w = ws.stop("train", 5.0)
     assert w.acc.active_seconds == 5.0
+
+
+@pytest.mark.parametrize("change", ["restart", "layout"])
+async def test_the_row_after_a_boundary_keeps_the_held_increase_of_a_restarted_engine(
+    change: str,
+) -> None:
+    """A boundary poll holds its increases for the next regular row. An engine that restarted
+    (or whose series layout changed) after the boundary lost them: the row showed only its
+    counts since the restart. The row covers the whole interval since the previous regular
+    poll: what the boundary held plus what came after, to the token (docs/bad-data.md §11)."""
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()
+        r.fleet.step(1.0)
+        await c.poll()  # regular
+        before = r.truth_all()
+        ep = r.fleet.endpoint("decode1")
+        before_ep = r.truth(endpoint="decode1")
+        r.fleet.step(1.0)
+        train = c.window("train")
+        await train.astart()  # boundary: holds an increase
+        if change == "restart":
+            ep.restart()
+        else:
+            ep.add_lazy_series()  # a new series: the engine's layout changes
+        r.fleet.step(1.0)
+        view = await c.poll()  # regular: everything since the previous regular poll
+        after = r.truth_all()
+        after_ep = r.truth(endpoint="decode1")
+        await train.astop()
+        await c.stop()
+    want = diff(after["agg"], before["agg"])["generation_tokens_total"]
+    assert view.keys["inference/agg/generation_tokens_total/delta"] == want
+    # the restarted server is a decode server: its role's row is whole too
+    want_decode = diff(after["decode"], before["decode"])["generation_tokens_total"]
+    assert view.keys["inference/decode/generation_tokens_total/delta"] == want_decode
+    assert after_ep["generation_tokens_total"] > before_ep["generation_tokens_total"]

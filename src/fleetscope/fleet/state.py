@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fleetscope.exposition.snapshot import EngineLayout
 from fleetscope.identity import EngineId, Role
 from fleetscope.keys import KeyOptions, key_prefix, poll_keys
 from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.baselines import Advance, Baselines
-from fleetscope.stats.deltas import EngineDelta
+from fleetscope.stats.deltas import EngineDelta, alignment
 from fleetscope.util.warn import RateLimitedWarner
 
 if TYPE_CHECKING:
@@ -377,22 +378,38 @@ def instant_view(stats: PollStats) -> PollStats:
 
 def _joined(held: EngineInput | None, cur: EngineInput) -> EngineInput:
     """One engine's held boundary delta and its current one, as one delta over both
-    intervals (the current one alone if the engine changed shape or restarted in between)."""
+    intervals (docs/bad-data.md §11). Increases add up whatever happened in between: after a
+    restart the current delta counts from 0, so held + current is still the interval's
+    increase; when the engine's series layout changed, the held increases are carried to the
+    same series of the current layout (a series the current layout no longer has is left to
+    the windows, which keep it exactly)."""
     if held is None:
         return cur
     a, b = held.delta, cur.delta
-    if a.layout is not b.layout or b.restarted or b.baseline_only or a.baseline_only:
+    if a.baseline_only:
         return cur
+    prior = a.delta if a.layout is b.layout else _realigned(a.delta, a.layout, b.layout)
     # a slot unknown in the held delta takes the current one's; else the two add up
-    both = np.where(np.isnan(a.delta), b.delta, a.delta + np.nan_to_num(b.delta))
+    both = np.where(np.isnan(prior), b.delta, prior + np.nan_to_num(b.delta))
     joined = dataclasses.replace(
         b,
         delta=both,
         seconds=a.seconds + b.seconds,
         span=None,
         observed_seconds=a.observed_seconds + b.observed_seconds,
-        restarted=a.restarted,
-        started=a.started,
+        baseline_only=False,
+        restarted=a.restarted or b.restarted,
+        started=a.started or b.started,
         tail_unseen=a.tail_unseen or b.tail_unseen,
     )
     return dataclasses.replace(cur, delta=joined)
+
+
+def _realigned(values: np.ndarray, old: EngineLayout, new: EngineLayout) -> np.ndarray:
+    """``values`` (per slot of ``old``) moved to the slots of the same series in ``new``;
+    NaN where ``new`` has a series ``old`` did not (or of another kind)."""
+    idx, _ = alignment(old, new)
+    out = np.full(len(idx), np.nan)
+    hit = idx >= 0
+    out[hit] = values[idx[hit]]
+    return out

@@ -89,7 +89,7 @@ class EngineDelta:
 _ALIGN_CACHE: dict[tuple[EngineLayout, EngineLayout], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _alignment(prev: EngineLayout, cur: EngineLayout) -> tuple[np.ndarray, np.ndarray]:
+def alignment(prev: EngineLayout, cur: EngineLayout) -> tuple[np.ndarray, np.ndarray]:
     """For every slot of ``cur``, the slot of the same series *of the same kind* in ``prev``, or
     -1; and the slots of ``cur`` whose id was in ``prev`` with another kind (a type flip)."""
     key = (prev, cur)
@@ -163,7 +163,7 @@ def engine_delta(
         pdat = prev.data
         aligned = True
     else:
-        idx, changed = _alignment(prev.layout, lay)
+        idx, changed = alignment(prev.layout, lay)
         pdat = np.where(idx >= 0, prev.data[np.maximum(idx, 0)], np.nan)
         if changed.any():
             unknown = changed.copy()
