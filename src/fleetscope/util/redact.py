@@ -13,7 +13,9 @@ annotator's errors and warnings, and to the CLI's error messages. What is replac
 * 40-hex-digit strings (W&B API keys) after a word containing ``key`` (``WANDB_API_KEY=...``,
   ``key 0123...``), and any ``local-``-prefixed W&B key.
 
-It errs on the side of hiding: a harmless value under such a name is hidden too.
+It errs on the side of hiding: a harmless value under such a name is hidden too. Metric names
+are not field names: ``vllm:time_to_first_token_seconds: ...`` (namespaced, or ending in a
+unit or type suffix such as ``_seconds``, ``_total``) is left as it is.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from collections.abc import Iterable
 MASK = "***"
 
 _SECRET_NAME = (
+    r"(?<!:)"  # a namespaced metric name (``vllm:...token...``) is not a field name
     r"(?![A-Za-z0-9_.\-]*tokens(?![A-Za-z0-9]))"  # counts of tokens are not secrets
+    # nor is a metric name with a unit or type suffix (``time_to_first_token_seconds``)
+    r"(?![A-Za-z0-9_.\-]*_(?:seconds|total|bucket|count|sum|bytes|perc|ratio|info)"
+    r"(?![A-Za-z0-9]))"
     r"[A-Za-z0-9_.\-]*(?:token|api[_\-]?key|password|passwd|pwd|secret|auth|credential"
     r"|session|signature|private[_\-]?key)[A-Za-z0-9_.\-]*"
 )
