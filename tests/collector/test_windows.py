@@ -752,3 +752,24 @@ async def test_the_row_after_a_boundary_keeps_the_held_increase_of_a_restarted_e
     want_decode = diff(after["decode"], before["decode"])["generation_tokens_total"]
     assert view.keys["inference/decode/generation_tokens_total/delta"] == want_decode
     assert after_ep["generation_tokens_total"] > before_ep["generation_tokens_total"]
+
+
+async def test_one_restart_with_an_unseen_tail_counts_once() -> None:
+    """``restarts_unseen_tail`` counted 2 for one restart of a one-engine server (real vLLM:
+    ``engine_restarts`` 1): the server's own row, which restarts with its engine, was counted
+    as well."""
+    async with rig() as r:
+        c = r.collector()
+        await c.poll()
+        train = c.window("train")
+        await train.astart()
+        await step_and_poll(r, c)
+        r.fleet.step(0.5)  # counts no scrape sees: the restart's unseen tail
+        r.fleet.endpoint("decode1").restart()
+        await step_and_poll(r, c, n=2)
+        await train.astop()
+        summary = dict(c.summary())
+        await c.stop()
+    got = {k.rsplit("/", 1)[1]: v for k, v in summary.items() if "/train/" in k}
+    assert got["engine_restarts"] == 1
+    assert got["restarts_unseen_tail"] == 1

@@ -113,7 +113,9 @@ class Accumulator:
                 self._left.discard(inp.engine_id)
             acc.covered += d.observed_seconds  # a restart's unseen tail is not covered
             acc.spanned += d.seconds
-            if d.tail_unseen:
+            # an endpoint's own row restarts with its engines: its tail is theirs, counted
+            # once per engine (its own series' resets without a restart still count)
+            if d.tail_unseen and (inp.is_engine or not d.restarted):
                 self.restarts_unseen_tail += 1
             if d.restarted:
                 acc.restarts += 1
