@@ -262,14 +262,15 @@ def make_fleetscope(name: str, urls: list[str], args: argparse.Namespace, tmp: P
         timeout=args.timeout,
         verify=False,
     )
-    assert type(collector).__name__ == ("IsolatedCollector" if name == "process" else "Collector")
+    backend = type(collector.backend).__name__
+    assert backend == ("ProcessBackend" if name == "process" else "InlineBackend")
 
     async def poll() -> int:
         view = await collector.poll()
         return view.endpoints_reporting
 
     def child_pid() -> int | None:
-        child = collector.link._child  # type: ignore[attr-defined]
+        child = collector.backend.link._child  # type: ignore[attr-defined]
         return child.proc.pid if child is not None else None
 
     return Mode(

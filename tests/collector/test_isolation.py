@@ -18,7 +18,8 @@ import time
 import pytest
 
 from fleetscope import Collector
-from fleetscope.collector.process import IsolatedCollector
+from fleetscope.collector.inline import InlineBackend
+from fleetscope.collector.process import ProcessBackend
 from fleetscope_sim import FleetServer, SimFleet
 
 GEN = "generation_tokens_total"
@@ -44,16 +45,16 @@ def _wait(predicate, what: str, timeout: float = 120.0) -> None:
 def test_isolation_modes_are_chosen_by_option_and_fleet_size() -> None:
     urls = [f"http://127.0.0.1:{9 + i}" for i in range(300)]
     inline = Collector(urls[:2])
-    assert type(inline) is Collector
+    assert isinstance(inline.backend, InlineBackend)
     auto_small = Collector(urls[:2], isolation="auto")
-    assert type(auto_small) is Collector
+    assert isinstance(auto_small.backend, InlineBackend)
     with pytest.raises(ValueError):
         Collector(urls[:2], isolation="thread")
     big = Collector(urls, isolation="auto")
     try:
-        assert isinstance(big, IsolatedCollector)
+        assert isinstance(big, Collector) and isinstance(big.backend, ProcessBackend)
     finally:
-        big.link.close()
+        big.backend.link.close()
 
 
 async def test_a_killed_child_is_restarted_with_its_state_and_the_window_continues(
@@ -67,9 +68,9 @@ async def test_a_killed_child_is_restarted_with_its_state_and_the_window_continu
 
     with FleetServer(fleet) as server:
         c = Collector(server.urls, interval=3600, isolation="process")
-        assert isinstance(c, IsolatedCollector)
+        assert isinstance(c.backend, ProcessBackend)
         await c.wait_ready()
-        first = c.link._child
+        first = c.backend.link._child
         assert first is not None
         await c.poll()
         async with c.window("train") as w:  # boundary poll: counted from g0
@@ -77,7 +78,7 @@ async def test_a_killed_child_is_restarted_with_its_state_and_the_window_continu
             fleet.step(1.0)
             await c.poll()
             g1 = generated()
-            c.link.kill()  # the child dies between two polls
+            c.backend.link.kill()  # the child dies between two polls
             _wait(lambda: not first.alive, "the child to die")
             fleet.step(1.0)
             g2 = generated()  # the restarted child's fresh baseline: g1..g2 is unseen
@@ -89,7 +90,7 @@ async def test_a_killed_child_is_restarted_with_its_state_and_the_window_continu
             g4 = generated()  # the stop boundary's poll
         keys = w.keys
         await c.stop()
-    assert c.link._child is None and not first.alive
+    assert c.backend.link._child is None and not first.alive
     assert view.keys["inference/collector/child_restarts_total"] == 1.0
     assert any("child process died; restarted" in r.getMessage() for r in caplog.records)
     assert g1 > g0 and g2 > g1 and g4 > g2
@@ -113,7 +114,7 @@ def test_the_child_never_outlives_the_trainer(tmp_path) -> None:
                 c = Collector([{server.urls[0]!r}], interval=3600, isolation="process")
                 await c.wait_ready()
                 await c.poll()
-                print(c.link._child.proc.pid, flush=True)
+                print(c.backend.link._child.proc.pid, flush=True)
                 await asyncio.sleep(3600)
             asyncio.run(main())
             """

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from fleetscope.collector.core import Collector
-from fleetscope.collector.process import IsolatedCollector
+from fleetscope.collector.process import ProcessBackend
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
@@ -102,7 +102,7 @@ async def test_trickling_side_requests_never_slow_a_poll() -> None:
         ),
     ):
         c = Collector([bad, *server.urls], interval=3600, timeout=1.0)
-        if isinstance(c, IsolatedCollector):
+        if isinstance(c.backend, ProcessBackend):
             await c.wait_ready()  # the child's start-up is not part of a poll
         try:
             for _ in range(4):

@@ -488,8 +488,9 @@ def test_a_sync_boundary_from_the_collectors_own_loop_is_refused_and_changes_not
             async def on_the_loop() -> None:
                 w.start()
 
-            assert c._loop is not None
-            fut = asyncio.run_coroutine_threadsafe(on_the_loop(), c._loop)
+            loop = c._background.loop
+            assert loop is not None
+            fut = asyncio.run_coroutine_threadsafe(on_the_loop(), loop)
             with pytest.raises(WindowError, match="own loop"):
                 fut.result(60)
             w.start()  # not "already open": the refused call declared nothing

@@ -1,8 +1,8 @@
 """The child process of ``isolation="process"``: a whole collector, driven by the trainer's.
 
-Started as ``python -m fleetscope.collector.child FD`` (see :mod:`fleetscope.collector.process`), it
-runs an ordinary in-process :class:`~fleetscope.collector.core.Collector` without sinks and answers
-the trainer's commands in order, on one connection: polls, window and sync boundaries,
+Started as ``python -m fleetscope.collector.child FD`` (see :mod:`fleetscope.collector.process`),
+it runs an ordinary in-process :class:`~fleetscope.collector.core.Collector` without sinks and
+answers the trainer's commands in order, on one connection: polls, window and sync boundaries,
 membership changes, the summary, checkpoints. Each poll's reply is the finished row (the keys
 and a light :class:`~fleetscope.fleet.view.FleetView`: no raw bodies, deltas or per-engine inputs)
 and the child's state as opaque bytes, which the trainer keeps to restart it from. Warnings are
@@ -35,7 +35,6 @@ from fleetscope.collector.core import Collector
 from fleetscope.exposition import Exposition
 from fleetscope.fleet.state import PollResult
 from fleetscope.fleet.view import FleetView
-from fleetscope.rl.weight_sync import WeightSyncHandle
 from fleetscope.sources.base import MembershipSource
 from fleetscope.sources.http.membership import Endpoint
 
@@ -109,7 +108,6 @@ class ChildServer:
     def __init__(self, collector: Collector, channel: _Channel):
         self.c = collector
         self.channel = channel
-        self.syncs: dict[int, WeightSyncHandle] = {}
         self._state_at = -math.inf
 
     def _state(self) -> bytes:
@@ -137,17 +135,11 @@ class ChildServer:
             return self._row(None, boundary=False)
         if kind == "window":
             action, label = args
-            keys = await c._boundary(action, label)
+            keys = await c.boundaries.window(action, label)
             return self._row(keys)
         if kind == "sync":
             action, token, version, ok = args
-            handle = self.syncs.get(token)
-            if handle is None:
-                handle = self.syncs[token] = WeightSyncHandle(c, version)
-                handle.token = token
-            keys = await c._sync_boundary(action, handle, ok=ok)
-            if action == "exit":
-                self.syncs.pop(token, None)
+            keys = await c.backend.sync(action, token, version, ok=ok)
             return self._row(keys)
         if kind == "change":
             add, remove = args
@@ -160,7 +152,7 @@ class ChildServer:
             c.set_policy_version(args[0])
             return None
         if kind == "close_windows":
-            await c._close_windows(time.monotonic())
+            await c.backend.close_windows(time.monotonic())
             return self._state()
         if kind == "summary":
             c.run_status = args[0]
@@ -184,8 +176,8 @@ async def serve(conn: Connection, init: dict[str, Any]) -> None:
     collector = Collector(endpoints, config=init["config"])
     if init["state"] is not None:  # a restart: the same run goes on (the gap is unseen)
         collector.pipeline.load_state_dict(decode_state(init["state"]), continuous=True)
-        collector._ledger.active = set(collector.windows.active)
-        collector._ledger.paused = set(collector.windows.paused)
+        windows = collector.windows
+        collector.boundaries.ledger.reset(windows.active, windows.paused)
     if init["policy"] is not None:
         collector.set_policy_version(init["policy"])
     warm = getattr(collector.source, "_ensure_client", None)
@@ -222,7 +214,7 @@ async def serve(conn: Connection, init: dict[str, Any]) -> None:
         else:
             channel.send(("reply", ident, payload))
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(collector._close_source(), timeout=5)
+        await asyncio.wait_for(collector.backend.aclose(collector.run_status), timeout=5)
 
 
 def _die_with_parent(parent: int) -> None:

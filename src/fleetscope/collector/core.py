@@ -10,36 +10,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
-import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from fleetscope.collector.handles import BoundaryLedger, WindowHandle
-from fleetscope.collector.rl import RLLifecycle
+from fleetscope.collector import process
+from fleetscope.collector.backend import Backend
+from fleetscope.collector.boundaries import Boundaries
+from fleetscope.collector.handles import WindowHandle
+from fleetscope.collector.inline import InlineBackend
+from fleetscope.collector.loop import LoopThread
 from fleetscope.fleet.config import CollectorConfig
 from fleetscope.fleet.pipeline import PollPipeline
-from fleetscope.fleet.report import accumulator_keys
+from fleetscope.fleet.state import FleetState
 from fleetscope.fleet.view import EngineLoad, FleetView
-from fleetscope.keys import KeyDict, key_prefix
+from fleetscope.health import HealthMonitor
+from fleetscope.keys import key_prefix
+from fleetscope.rl.states import EngineStates
+from fleetscope.rl.versions import PolicyVersions
+from fleetscope.rl.weight_sync import WeightSyncHandle, WeightSyncs
 from fleetscope.sinks.base import Sink
 from fleetscope.sinks.fanout import SinkFanout
-from fleetscope.sources.base import MembershipSource, ModelInfoSource, Source
+from fleetscope.sources.base import MembershipSource, Source
 from fleetscope.sources.http.source import Endpoint, HttpSource
-from fleetscope.stats.windows import WindowError
+from fleetscope.stats.windows import WindowError, WindowSet
 from fleetscope.util.warn import RateLimitedWarner
 
 __all__ = ["Collector", "EngineLoad", "FleetView", "WindowError", "WindowHandle"]
 
 log = logging.getLogger("fleetscope")
-T = TypeVar("T")
 
 
-class Collector(RLLifecycle):
+class Collector:
     """Watches a fleet of vLLM endpoints and logs correct fleet statistics every poll.
 
     Args:
@@ -51,6 +55,9 @@ class Collector(RLLifecycle):
             ``timeout``, ``schema``, ...: its fields) override it.
         sinks: where keys go (W&B, JSONL, terminal, ...), each fed from its own queue.
         on_poll: called with a :class:`FleetView` after every poll (exceptions are logged).
+
+    The work of a poll is done by its ``backend``: in this process, or (``isolation="process"``,
+    or ``"auto"`` from 256 endpoints) in a supervised child process (:mod:`.process`).
     """
 
     def __init__(
@@ -63,32 +70,17 @@ class Collector(RLLifecycle):
         on_poll: Callable[[FleetView], None] | None = None,
         **options: Any,
     ):
-        self.config = (config or CollectorConfig()).with_options(**options)
-        cfg = self.config
+        cfg = self.config = (config or CollectorConfig()).with_options(**options)
         if source is not None and endpoints:
             raise ValueError("give endpoints (scraped over HTTP) or a source, not both")
-        self.source: Source = source or HttpSource(endpoints, **cfg.http_options())
-        self.pipeline = PollPipeline(cfg)
-        self.state, self.windows = self.pipeline.state, self.pipeline.windows
-        self.health = self.pipeline.health
-        self._init_rl(self.pipeline)  # policy versions, what endpoints serve, weight syncs
-        self._init_loop(sinks, on_poll)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Collector:
-        # isolation="process" (or "auto" over a fleet size) is the same API with the work in a
-        # child process: fleetscope.collector.process
-        if cls is Collector and kwargs.get("source") is None:
-            from fleetscope.collector.process import IsolatedCollector, wants_process
-
-            if wants_process(args[0] if args else kwargs.get("endpoints", ()), kwargs):
-                return super().__new__(IsolatedCollector)
-        return super().__new__(cls)
-
-    def _init_loop(
-        self, sinks: Sequence[Sink], on_poll: Callable[[FleetView], None] | None
-    ) -> None:
-        """What the trainer's side of any collector holds: the loop, sinks and boundaries."""
-        cfg = self.config
+        self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
+        self.backend: Backend
+        if source is None and process.wants_process(endpoints, {**options, "config": config}):
+            self.backend = process.ProcessBackend(endpoints, cfg, self._publish, self._warner)
+        else:
+            source = source or HttpSource(endpoints, **cfg.http_options())
+            self.backend = InlineBackend(source, cfg, self._publish)
+        self.source: Source = self.backend.source
         self.interval = cfg.interval
         self.timeout = cfg.timeout
         self.on_poll = on_poll
@@ -96,17 +88,46 @@ class Collector(RLLifecycle):
         self.run_status = "running"
         self.last: FleetView | None = None
         self._prefix = key_prefix(cfg.key_options)
-        self._ledger = BoundaryLedger()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fleetscope-stats")
-        self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
+        self._background = LoopThread(self.start, self.stop, self._warner)
+        self.boundaries = Boundaries(self.backend, self.fanout, self._background, cfg.boundary_wait)
         self._task: asyncio.Task[None] | None = None
-        self._poll_lock: asyncio.Lock | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._summary_published = False
         self._closed = False
         self._ticks_skipped = 0
         self._poll_seconds = 0.0
+
+    # ------------------------------------------------------------------ in-process statistics
+
+    @property
+    def pipeline(self) -> PollPipeline:
+        """The statistics of an in-process collector (``isolation="process"``: in the child)."""
+        if not isinstance(self.backend, InlineBackend):
+            raise AttributeError("pipeline: with isolation='process' it is in the child process")
+        return self.backend.pipeline
+
+    @property
+    def state(self) -> FleetState:
+        return self.pipeline.state
+
+    @property
+    def windows(self) -> WindowSet:
+        return self.pipeline.windows
+
+    @property
+    def health(self) -> HealthMonitor:
+        return self.pipeline.health
+
+    @property
+    def versions(self) -> PolicyVersions:
+        return self.pipeline.versions
+
+    @property
+    def syncs(self) -> WeightSyncs:
+        return self.pipeline.syncs
+
+    @property
+    def states(self) -> EngineStates:
+        return self.pipeline.states
 
     # ------------------------------------------------------------------ fleet membership
 
@@ -152,6 +173,11 @@ class Collector(RLLifecycle):
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until the backend is up: ``isolation="process"``'s child process (its start-up
+        is otherwise in the first poll); at once in-process."""
+        await self.backend.wait_ready(timeout)
+
     async def start(self) -> None:
         """Start polling in the background of the running event loop."""
         if self._task is None:
@@ -171,128 +197,72 @@ class Collector(RLLifecycle):
         if not self._closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._finish(status or "success"), timeout=timeout)
-        await self._close_source()
-        await self._close_rl()
+        await self.backend.aclose(self.run_status)
         if not self._closed:
             self._closed = True
             loop = asyncio.get_running_loop()
             fut = loop.run_in_executor(None, self.fanout.close, self.config.close_timeout)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(fut, timeout=self.config.close_timeout + 1)
-            self._pool.shutdown(wait=False)
-
-    async def _close_source(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.source.aclose(), timeout=5)
 
     def start_background(self) -> Collector:
         """Run the collector in a daemon thread with its own event loop (sync trainers)."""
-        if self._thread is not None:
-            return self
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            loop.run_until_complete(self.start())
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="fleetscope", daemon=True)
-        self._thread.start()
-        ready.wait(10)
+        self._background.start()
         return self
 
     def stop_background(self, timeout: float = 60.0) -> None:
         """Stop the background thread: last poll, run summary, sinks closed (bounded)."""
-        if self._thread is None or self._loop is None:
-            return
-        with contextlib.suppress(RuntimeError):  # the loop already closed
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout)
-        self._thread = None
+        self._background.stop(timeout)
 
     def poll_blocking(self, timeout: float = 60.0) -> FleetView | None:
         """From another thread: run one poll now on the background loop and wait for it."""
-        if self._loop is None:
+        loop = self._background.loop
+        if loop is None:
             raise RuntimeError("poll_blocking() needs start_background() first")
-        return asyncio.run_coroutine_threadsafe(self.poll(), self._loop).result(timeout)
+        return asyncio.run_coroutine_threadsafe(self.poll(), loop).result(timeout)
 
-    def _run_sync(self, coro: Coroutine[Any, Any, T], wait: float) -> T | None:
-        """Run a collector coroutine from synchronous code on the background loop; returns
-        None (the coroutine carries on, in order) if it takes longer than ``wait``."""
-        if self._loop is None:
-            self.start_background()
-        assert self._loop is not None
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise WindowError("inside the collector's own loop, use the async methods")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return fut.result(wait)
-        except TimeoutError:
-            self._warner.warn(
-                "boundary-late",
-                f"a window boundary took longer than {wait:g} s (slow fleet); it completes "
-                "in the background, in order",
-            )
-            return None
-
-    # ------------------------------------------------------------------ windows
+    # ------------------------------------------------------------------ windows and RL
 
     def window(self, label: str) -> WindowHandle:
         """A named window (``train``, ``eval``...): ``with``/``async with``, or explicit
         ``start / pause / resume / stop``. Every boundary takes a poll first."""
-        return WindowHandle(self, label)
+        return WindowHandle(self.boundaries, label)
 
-    async def _boundary(self, action: str, label: str) -> dict[str, float]:
-        """A window boundary: a poll, then the action at that poll's scrape times; the
-        window's keys ride in the same row as the poll's."""
-        keys = KeyDict()  # keeps the window keys' compact subset (KeyDict.full_only)
+    def weight_sync(self, version: str) -> WeightSyncHandle:
+        """Bracket a weight sync: ``with`` / ``async with``; a poll at entry and at exit, then
+        ``version`` is the policy version (docs/rl-lifecycle.md)."""
+        return WeightSyncHandle(self.boundaries, version)
 
-        async def at_boundary(view: FleetView) -> Mapping[str, float]:
-            result = view.result
-            # each engine's own scrape time at this boundary: coverage is judged per engine
-            times = {i.engine_id: i.delta.current.time for i in result.inputs if i.is_engine}
-            w = await self._in_stats(self.pipeline.window_action, action, label, result.time, times)
-            if action == "stop":
-                with self.pipeline.lock:
-                    keys.update(
-                        accumulator_keys(w.acc, label, self.state.key_options, summary=False)
-                    )
-                    keys.update(self._rl_window_keys(label))
-            return keys
+    def set_policy_version(self, version: str) -> None:
+        """The trainer's policy is now ``version`` (any thread): from the next poll on, each
+        endpoint's ``/weight_info`` is compared with it (docs/rl-lifecycle.md)."""
+        self.backend.set_policy_version(version)
 
-        await self._poll(at_boundary)
-        if action in ("start", "stop"):
-            self.fanout.window(action, label)  # after the row that carries the boundary
-        return keys
+    @property
+    def policy_version(self) -> str | None:
+        """The trainer's policy version as last announced (None before the first)."""
+        return self.backend.policy_version
 
     # ------------------------------------------------------------------ summary and state
 
     def summary(self) -> dict[str, float | str]:
         """The run summary: per run label (each window label, ``idle`` between windows, and
         ``combined`` = the whole run), exact totals, rates, pooled means and quantiles."""
-        return self.pipeline.summary(self.run_status)
+        return self.backend.summary(self.run_status)
 
     async def asummary(self) -> dict[str, float | str]:
         """:meth:`summary` without blocking the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(None, self.summary)
+        return await self.backend.asummary(self.run_status)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to continue the same run summary after a restart (plain
         data: JSON-able; open windows included)."""
-        return self.pipeline.state_dict()
+        return self.backend.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue a saved run summary. Baselines are taken afresh: only what happens from
         now on is counted on top of the saved sums."""
-        self.pipeline.load_state_dict(state)
-        self._ledger.active = set(self.windows.active)
-        self._ledger.paused = set(self.windows.paused)
+        self.boundaries.ledger.reset(*self.backend.load_state_dict(state))
 
     async def _finish(self, status: str) -> None:
         if self._summary_published:
@@ -300,14 +270,11 @@ class Collector(RLLifecycle):
         self._summary_published = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.poll(), timeout=self.timeout * 2)
-        await self._close_windows(time.monotonic())
+        await self.backend.close_windows(time.monotonic())
         if self.run_status == "running":
             self.run_status = status
         self.fanout.summary(await self.asummary())
         self.fanout.run_end(self.run_status)
-
-    async def _close_windows(self, now: float) -> None:
-        await self._in_stats(self.pipeline.close_windows, now)
 
     # ------------------------------------------------------------------ polling
 
@@ -336,46 +303,12 @@ class Collector(RLLifecycle):
 
     async def poll(self) -> FleetView:
         """Scrape every endpoint once, reduce, hand to the sinks; returns the fleet view."""
-        return await self._poll()
+        return await self.backend.poll()
 
     async def flush_sinks(self, timeout: float = 10.0) -> bool:
         """Wait (at most ``timeout``) until every sink has written what it was given."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.fanout.flush, timeout)
-
-    async def _in_stats(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run statistics work in the collector's worker thread (off the caller's loop)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
-    async def _poll(
-        self, before_log: Callable[[FleetView], Awaitable[Mapping[str, float]]] | None = None
-    ) -> FleetView:
-        """One poll; ``before_log`` (a window boundary) may add keys to the row it logs."""
-        if self._poll_lock is None:
-            self._poll_lock = asyncio.Lock()
-        async with self._poll_lock:
-            t0 = time.monotonic()
-            probes = await self._version_probes()  # concurrent with the scrape, within its deadline
-            scrapes = await self.source.scrape()
-            if probes:
-                left = max(0.0, t0 + self.timeout - time.monotonic())
-                await asyncio.wait(probes, timeout=left)
-            lens = self.source.max_model_len if isinstance(self.source, ModelInfoSource) else {}
-            view = await self._in_stats(
-                functools.partial(
-                    self.pipeline.process,
-                    scrapes,
-                    self.source.take_departures(),
-                    boundary=before_log is not None,
-                    max_model_len=lens,
-                )
-            )
-            try:
-                if before_log is not None:
-                    view.result.keys.update(await before_log(view))
-            finally:  # the poll is logged even if the boundary failed
-                self._publish(view, t0)
-            return view
 
     def _publish(self, view: FleetView, t0: float) -> None:
         """A finished poll: the collector's own keys, the sinks, ``on_poll``."""
@@ -398,4 +331,5 @@ class Collector(RLLifecycle):
         }
         for name, n in self.fanout.dropped().items():
             out[f"{p}sink_rows_dropped/{name}"] = float(n)
+        out.update(self.backend.collector_keys(self._prefix))
         return out

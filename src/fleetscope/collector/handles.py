@@ -11,12 +11,10 @@ so a slow fleet or sink never blocks or raises into training.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Iterable
+from typing import Any, Protocol
 
 from fleetscope.stats.windows import WindowError, check_action
-
-if TYPE_CHECKING:
-    from fleetscope.collector.core import Collector
 
 
 class BoundaryLedger:
@@ -41,29 +39,52 @@ class BoundaryLedger:
                 self.active.discard(label)
                 self.paused.discard(label)
 
+    def reset(self, active: Iterable[str], paused: Iterable[str]) -> None:
+        """The declared windows are those of a restored state."""
+        with self._lock:
+            self.active, self.paused = set(active), set(paused)
+
+
+class WindowBoundaries(Protocol):
+    """What a window handle needs of its collector (the collector's
+    :class:`~fleetscope.collector.boundaries.Boundaries`)."""
+
+    @property
+    def ledger(self) -> BoundaryLedger: ...
+
+    def in_own_loop(self) -> bool:
+        """Whether the caller runs on the collector's own background loop."""
+        ...
+
+    async def window(self, action: str, label: str) -> dict[str, float]:
+        """Apply a window boundary after a poll; the window's keys (for ``stop``)."""
+        ...
+
+    def run(self, boundary: Coroutine[Any, Any, dict[str, float]]) -> dict[str, float] | None:
+        """Run a boundary from synchronous code, waiting at most ``config.boundary_wait``."""
+        ...
+
 
 class WindowHandle:
     """Controls one window. Sync methods need ``start_background()`` (started on demand);
     async ones (``astart`` ...) run on the caller's loop."""
 
-    def __init__(self, collector: Collector, label: str):
-        self.collector = collector
+    def __init__(self, boundaries: WindowBoundaries, label: str):
+        self.boundaries = boundaries
         self.label = label
         self.keys: dict[str, float] = {}
 
     async def _abound(self, action: str) -> dict[str, float]:
-        self.collector._ledger.declare(action, self.label)
-        return await self.collector._boundary(action, self.label)
+        self.boundaries.ledger.declare(action, self.label)
+        return await self.boundaries.window(action, self.label)
 
     def _bound(self, action: str) -> dict[str, float]:
-        c = self.collector
-        own = getattr(c, "_thread", None)
-        if own is not None and threading.current_thread() is own:
+        b = self.boundaries
+        if b.in_own_loop():
             # misuse, refused before the window's declared state changes
             raise WindowError("inside the collector's own loop, use the async methods")
-        c._ledger.declare(action, self.label)
-        keys = c._run_sync(c._boundary(action, self.label), c.config.boundary_wait)
-        return keys or {}
+        b.ledger.declare(action, self.label)
+        return b.run(b.window(action, self.label)) or {}
 
     async def astart(self) -> WindowHandle:
         await self._abound("start")

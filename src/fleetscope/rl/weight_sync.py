@@ -15,28 +15,39 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from fleetscope.rl.versions import RL, generation_delta, operation_deltas
+from fleetscope.rl.spans import RL
+from fleetscope.rl.versions import generation_delta, operation_deltas
 from fleetscope.stats.reduce import EngineInput
-
-if TYPE_CHECKING:
-    from fleetscope.collector.core import Collector
 
 _TOKENS = itertools.count(1)
 log = logging.getLogger("fleetscope")
 
 
+class SyncBoundaries(Protocol):
+    """What a weight-sync handle needs of its collector (the collector's
+    :class:`~fleetscope.collector.boundaries.Boundaries`)."""
+
+    async def sync(self, action: str, handle: WeightSyncHandle, *, ok: bool) -> dict[str, float]:
+        """Apply a sync's ``enter`` or ``exit`` after a poll; the exit's keys."""
+        ...
+
+    def run(self, boundary: Coroutine[Any, Any, dict[str, float]]) -> dict[str, float] | None:
+        """Run a boundary from synchronous code, waiting at most ``config.boundary_wait``."""
+        ...
+
+
 class WeightSyncHandle:
     """One weight sync. ``keys`` holds the exit poll's sync keys once it is done."""
 
-    def __init__(self, collector: Collector, version: str):
+    def __init__(self, boundaries: SyncBoundaries, version: str):
         if not isinstance(version, str):
             raise TypeError(f"a policy version is a string, not {type(version).__name__}")
-        self.collector = collector
+        self.boundaries = boundaries
         self.version = version
         self.token = next(_TOKENS)
         self.keys: dict[str, float] = {}
@@ -44,7 +55,7 @@ class WeightSyncHandle:
 
     async def __aenter__(self) -> WeightSyncHandle:
         self._enter()
-        await self.collector._sync_boundary("enter", self)
+        await self.boundaries.sync("enter", self, ok=True)
         return self
 
     async def __aexit__(
@@ -53,12 +64,12 @@ class WeightSyncHandle:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.keys = await self.collector._sync_boundary("exit", self, ok=exc_type is None)
+        self.keys = await self.boundaries.sync("exit", self, ok=exc_type is None)
 
     def __enter__(self) -> WeightSyncHandle:
         self._enter()
-        c = self.collector
-        c._run_sync(c._sync_boundary("enter", self), c.config.boundary_wait)
+        b = self.boundaries
+        b.run(b.sync("enter", self, ok=True))
         return self
 
     def __exit__(
@@ -67,11 +78,8 @@ class WeightSyncHandle:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        c = self.collector
-        keys = c._run_sync(
-            c._sync_boundary("exit", self, ok=exc_type is None), c.config.boundary_wait
-        )
-        self.keys = keys or {}
+        b = self.boundaries
+        self.keys = b.run(b.sync("exit", self, ok=exc_type is None)) or {}
 
     def _enter(self) -> None:
         if self._entered:
