@@ -1,5 +1,8 @@
 # The README's Quick start commands. `make test` is also what CI runs (.ci/run).
 PYTHON ?= python3
+# the import contracts of pyproject.toml ([tool.importlinter]: layers, no cycle), checked on this
+# tree's src/ rather than on whatever copy of fleetscope is installed
+LINT_IMPORTS ?= PYTHONPATH=src lint-imports
 
 .PHONY: demo test test-deps test-real lint bench
 
@@ -11,6 +14,7 @@ test-deps:
 	bash scripts/install-test-deps.sh
 
 test: test-deps
+	$(LINT_IMPORTS)
 	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest -q
 
@@ -23,6 +27,7 @@ test-real: test-deps
 lint:
 	ruff check src tests benchmarks
 	ruff format --check src tests benchmarks
+	$(LINT_IMPORTS)
 
 bench:
 	$(PYTHON) benchmarks/bench_parse.py

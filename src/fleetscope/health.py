@@ -31,11 +31,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from fleetscope import catalog
-from fleetscope.fleet.state import PollResult
+
+if TYPE_CHECKING:
+    from fleetscope.sources.base import ScrapeResult
+    from fleetscope.stats.reduce import PollStats
 
 CONDITIONS: tuple[str, ...] = (
     "generation_stalled",
@@ -47,6 +51,16 @@ CONDITIONS: tuple[str, ...] = (
     "stale_version",
     "engine_paused",
 )
+
+
+class PollReadings(Protocol):
+    """What the conditions read of one poll (a ``fleetscope.fleet.state.PollResult``)."""
+
+    @property
+    def stats(self) -> PollStats: ...
+
+    @property
+    def scrapes(self) -> Sequence[ScrapeResult]: ...
 
 
 # the per-engine columns the conditions read
@@ -96,7 +110,7 @@ class HealthMonitor:
     _stall: dict[str, float] = field(default_factory=dict)  # seconds without a token
     _kv: dict[str, tuple[int, float]] = field(default_factory=dict)  # polls, s at/above kv_full
 
-    def evaluate(self, result: PollResult, roles: Mapping[str, str | None]) -> list[HealthEvent]:
+    def evaluate(self, result: PollReadings, roles: Mapping[str, str | None]) -> list[HealthEvent]:
         t = self.thresholds
         stats = result.stats
         events: list[HealthEvent] = []

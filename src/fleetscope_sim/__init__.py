@@ -23,7 +23,9 @@ server: its exposition in ``endpoint_exposition``, HTTP answers in ``endpoint_ht
 ``fleet_server.FleetServer`` (asyncio HTTP), ``server`` (``serve_forever``, the command line),
 ``rl.SimRL`` (``endpoint.rl``: vLLM's RL routes -- pause, weight version, sleep mode in
 ``rl_sleep``, weight transfer in ``rl_transfer``, their timed families in ``rl_metrics`` --
-with a call ledger and ground truth).
+with a call ledger and ground truth). Below them: ``clock`` (``SimClock``, the server process's
+start), ``hosts`` (the Protocols through which engines and ``SimRL`` see their endpoint) and
+``exposition_rows`` (the sample rows both writers share).
 SGLang mode: ``sglang_families`` (SGLang 0.5.23's families), ``sglang_engine.SglangEngine`` (the
 same load model recording SGLang's metrics), ``sglang_endpoint.SglangEndpoint`` (a tokenizer and
 one scheduler per DP replica, multiprocess body, SGLang's side routes).

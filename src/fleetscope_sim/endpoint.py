@@ -4,8 +4,10 @@
 (:mod:`~fleetscope_sim.endpoint_exposition`, registry and the two exposition modes), its
 HTTP answers (:mod:`~fleetscope_sim.endpoint_http`, ``/metrics`` with faults applied,
 ``/v1/models`` ...) and its fault injection (:mod:`~fleetscope_sim.endpoint_faults`). This
-module holds the simulated clock, the endpoint's state and stepping, and the API server's own
-series (``admission_rejections_total``, ``http_*``) with their never-reset ground truth.
+module holds the endpoint's state and stepping (on a :class:`~fleetscope_sim.clock.SimClock`),
+and the API server's own series (``admission_rejections_total``, ``http_*``) with their
+never-reset ground truth. Its engines and its RL state see it through the Protocols of
+:mod:`~fleetscope_sim.hosts`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
-import time
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from .clock import ProcessState, SimClock
 from .endpoint_exposition import EndpointExposition, Mode, _EndpointCollector, _Labels
 from .endpoint_faults import EndpointFaultInjection, EndpointFaults
 from .endpoint_http import CONTENT_TYPE_LATEST, GARBAGE_BODY, EndpointHTTPAnswers, MetricsResponse
@@ -39,38 +40,6 @@ __all__ = [
 
 #: what a simulated vLLM server answers on ``GET /version``
 VLLM_VERSION = "0.32.0"
-
-
-class SimClock:
-    """Simulated time shared by a fleet: ``sim_time`` seconds since start, and a wall clock.
-
-    ``wall()`` is ``wall_start + sim_time``: the unix time the simulated servers believe it is
-    (used for ``_created`` and ``process_start_time_seconds``). When the fleet is stepped by real
-    elapsed time (``serve_forever``), it tracks the real clock.
-    """
-
-    def __init__(self, wall_start: float | None = None) -> None:
-        self.wall_start = time.time() if wall_start is None else float(wall_start)
-        self.sim_time = 0.0
-
-    def wall(self) -> float:
-        """Simulated unix time now."""
-        return self.wall_start + self.sim_time
-
-    def advance(self, dt: float) -> None:
-        """Move simulated time forward by ``dt`` seconds."""
-        if dt < 0:
-            raise ValueError("time only moves forward")
-        self.sim_time += dt
-
-
-@dataclass
-class _ProcessState:
-    """The API server process: when it started (unix and simulated time), its CPU seconds."""
-
-    start_wall: float
-    start_sim: float
-    cpu_seconds: float = 0.0
 
 
 class SimEndpoint(EndpointExposition, EndpointHTTPAnswers, EndpointFaultInjection):
@@ -163,7 +132,7 @@ class SimEndpoint(EndpointExposition, EndpointHTTPAnswers, EndpointFaultInjectio
     def _reset_server_state(self, start_wall: float) -> None:
         # process_start_time_seconds has 10 ms resolution, as prometheus_client's.
         start_wall = math.floor(start_wall * 100 + 1e-6) / 100
-        self._process = _ProcessState(start_wall=start_wall, start_sim=self._last_step_sim)
+        self._process = ProcessState(start_wall=start_wall, start_sim=self._last_step_sim)
         self.exported = Ledger(self.record_observations)
         self.created: dict[tuple[str, SeriesKey], float] = {}
         spec = FAMILIES_BY_NAME["vllm:admission_rejections_total"]

@@ -36,7 +36,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from .ledger import HistogramCounts, Ledger, SeriesKey
+from .exposition_rows import _histogram_rows, _Labels, _Row
+from .ledger import Ledger, SeriesKey
 from .vllm_families import (
     CACHE_CONFIG_INFO_LABELS,
     FAMILIES,
@@ -49,16 +50,12 @@ from .vllm_families import (
 )
 
 if TYPE_CHECKING:
-    from .endpoint import _ProcessState
+    from .clock import ProcessState
     from .engine import SimEngine
     from .rl import SimRL
 
 Mode = Literal["single", "multiprocess"]
 
-_INF = float("inf")
-
-_Labels = tuple[tuple[str, str], ...]
-_Row = tuple[str, _Labels, float]  # sample name, labels, value
 _Family = tuple[str, str, str, list[_Row]]  # base name, type, help, rows
 
 
@@ -91,7 +88,7 @@ class EndpointExposition:
     _label_strings: dict[_Labels, str]
     _child_label_cache: dict[tuple[str, str | None, SeriesKey], _Labels]
     _headers: dict[str, tuple[str, str]]
-    _process: _ProcessState
+    _process: ProcessState
     _last_step_sim: float
 
     def render(self, use_cache: bool = True) -> bytes:
@@ -323,41 +320,6 @@ class EndpointExposition:
                 created = self.created[(spec.name, key)] if single else None
                 _histogram_rows(rows, base, labels, hist, created, single)
         return base, kind, spec.help, rows
-
-
-def _histogram_rows(
-    rows: list[_Row],
-    base: str,
-    labels: _Labels,
-    hist: HistogramCounts,
-    created: float | None,
-    single: bool,
-) -> None:
-    """Append one histogram child's samples in the order the two writers use."""
-    buckets = [
-        (base + "_bucket", (*labels, ("le", _le(bound))), float(cum))
-        for bound, cum in zip((*hist.bounds, _INF), hist.cumulative(), strict=True)
-    ]
-    if single:
-        rows.extend(buckets)
-        rows.append((base + "_count", labels, float(hist.count)))
-        rows.append((base + "_sum", labels, hist.sum))
-        if created is not None:
-            rows.append((base + "_created", labels, created))
-    else:
-        rows.append((base + "_sum", labels, hist.sum))
-        rows.extend(buckets)
-        rows.append((base + "_count", labels, float(hist.count)))
-
-
-_LE_STRINGS: dict[float, str] = {}
-
-
-def _le(bound: float) -> str:
-    text = _LE_STRINGS.get(bound)
-    if text is None:
-        text = _LE_STRINGS[bound] = floatToGoString(bound)
-    return text
 
 
 def _escape_label_value(value: str) -> str:

@@ -15,17 +15,14 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from typing import TYPE_CHECKING, Literal
 
 from . import rl_sleep
 from .engine_load import LoadProfile, SimRequest
 from .engine_metrics import LAZY_SERIES_DONORS
 from .engine_scheduler import EngineScheduler
+from .hosts import EngineHost, Role
 from .ledger import Ledger, SeriesKey, Truth
 from .vllm_families import FAMILIES, FAMILIES_BY_NAME, bucket_bounds
-
-if TYPE_CHECKING:
-    from .endpoint import SimEndpoint
 
 __all__ = [
     "FINISHED_REASONS",
@@ -35,8 +32,6 @@ __all__ = [
     "SimEngine",
     "SimRequest",
 ]
-
-Role = Literal["prefill", "decode"] | None
 
 FINISHED_REASONS = FAMILIES_BY_NAME["vllm:request_success_total"].label_values
 
@@ -62,7 +57,7 @@ class SimEngine(EngineScheduler):
 
     def __init__(
         self,
-        endpoint: SimEndpoint,
+        endpoint: EngineHost,
         index: int,
         load: LoadProfile,
         seed: int | str,

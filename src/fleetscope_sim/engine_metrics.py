@@ -21,11 +21,11 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING
 
+from .hosts import EngineHost
 from .ledger import Ledger, SeriesKey, Truth
 from .vllm_families import FAMILIES
 
 if TYPE_CHECKING:
-    from .endpoint import SimEndpoint
     from .engine_load import SimRequest
 
 #: Families that ``add_lazy_series`` can grow a new child in, and the existing child whose
@@ -41,7 +41,7 @@ class EngineMetrics:
     """The recording part of ``SimEngine`` (a base class reading the engine's state)."""
 
     # set by SimEngine
-    endpoint: SimEndpoint
+    endpoint: EngineHost
     record_observations: bool
     exported: Ledger
     truth: Truth

@@ -35,9 +35,10 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import rl_sleep, rl_transfer
+from .hosts import RLHost
 from .ledger import HistogramCounts
 from .rl_http import Answer, Request, Timed, bool_param, embedded, pause_mode, validation_error
 from .rl_metrics import (
@@ -47,9 +48,6 @@ from .rl_metrics import (
     WEIGHT_UPDATE,
     OperationMetrics,
 )
-
-if TYPE_CHECKING:
-    from .endpoint import SimEndpoint
 
 RL_OPERATION_FAMILY = WEIGHT_UPDATE.name
 RL_OPERATION_HELP = WEIGHT_UPDATE.help
@@ -161,7 +159,7 @@ _NOT_FOUND: Answer = (404, {"detail": "Not Found"})
 class SimRL:
     """The RL state of one simulated API server (all its engines: DP broadcasts)."""
 
-    def __init__(self, endpoint: SimEndpoint) -> None:
+    def __init__(self, endpoint: RLHost) -> None:
         self.endpoint = endpoint
         self.dev_mode = True  # False: every RL route answers 404, as without the env var
         #: a CPU build (as recorded): release_kv_cache_memory fails after its checks, an ipc

@@ -19,13 +19,11 @@ restart. Every observation also goes to the endpoint's ``truth`` ledger (never r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .endpoint_exposition import _histogram_rows
+from .exposition_rows import _histogram_rows
+from .hosts import RLHost
 from .ledger import HistogramCounts
-
-if TYPE_CHECKING:
-    from .endpoint import SimEndpoint
 
 #: vLLM's buckets of both histograms (``+Inf`` implied)
 OPERATION_BUCKETS: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -76,7 +74,7 @@ DEFAULT_OPERATION_SECONDS: dict[str, float] = {
 class OperationMetrics:
     """One metrics object of a simulated server process (created at its first timed call)."""
 
-    def __init__(self, spec: OperationFamilies, endpoint: SimEndpoint) -> None:
+    def __init__(self, spec: OperationFamilies, endpoint: RLHost) -> None:
         self.spec = spec
         self._endpoint = endpoint
         #: operation -> calls being handled (children in creation order, as prometheus_client)

@@ -25,13 +25,10 @@ acts on every engine of the endpoint.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from .hosts import RLEngine, RLHost
 from .rl_http import Answer, Request, Timed, engine_error, int_param, pause_mode
-
-if TYPE_CHECKING:
-    from .engine import SimEngine
-    from .rl import SimRL
 
 #: ``engine_sleep_state`` as ``(awake, weights_offloaded, discard_all)``
 AWAKE = (1.0, 0.0, 0.0)
@@ -41,13 +38,22 @@ _NOT_RESIDENT = "release_kv_cache_memory() requires all executor memory to be re
 _CPU_DISCARD = "Selective discard is not supported on CPU."
 
 
+class SleepRL(Protocol):
+    """What the sleep-mode routes read of ``SimRL``."""
+
+    endpoint: RLHost
+    cpu: bool
+
+    def pause(self) -> None: ...
+
+
 def _asleep_state(level: int) -> tuple[float, float, float]:
     """``PrometheusStatLogger.record_sleep_state(1, level)``."""
     return (0.0, 1.0 if level == 1 else 0.0, 1.0 if level == 2 else 0.0)
 
 
 # -- one engine core ----------------------------------------------------------------------------
-def sleep(engine: SimEngine, level: int) -> None:
+def sleep(engine: RLEngine, level: int) -> None:
     """``EngineCore.sleep(level)`` and the gauge ``AsyncLLM.sleep`` sets after it."""
     if level not in (0, 1, 2):
         raise ValueError("sleep level must be 0, 1 or 2")
@@ -57,7 +63,7 @@ def sleep(engine: SimEngine, level: int) -> None:
     engine.sleep_state = _asleep_state(level)
 
 
-def wake_up(engine: SimEngine, tags: list[str] | None = None) -> bool:
+def wake_up(engine: RLEngine, tags: list[str] | None = None) -> bool:
     """``EngineCore.wake_up(tags)``: whether fully awake (then the scheduler resumes)."""
     if tags is not None and "scheduling" in tags:
         tags = [t for t in tags if t != "scheduling"]
@@ -73,7 +79,7 @@ def wake_up(engine: SimEngine, tags: list[str] | None = None) -> bool:
     return True
 
 
-def release_error(engine: SimEngine) -> str | None:
+def release_error(engine: RLEngine) -> str | None:
     """Why ``release_kv_cache_memory`` fails on this engine (None: it succeeds)."""
     if not engine.scheduler_paused or engine.num_running or engine.num_waiting:
         return _NOT_PAUSED
@@ -83,7 +89,7 @@ def release_error(engine: SimEngine) -> str | None:
 
 
 # -- routes --------------------------------------------------------------------------------------
-def route_sleep(rl: SimRL, req: Request) -> Answer | Timed:
+def route_sleep(rl: SleepRL, req: Request) -> Answer | Timed:
     error, level = int_param(req, "level", 1, 0, 2)
     error = error or pause_mode(req)
     if error is not None:
@@ -100,7 +106,7 @@ def route_sleep(rl: SimRL, req: Request) -> Answer | Timed:
     return Timed("sleep", run, begin)
 
 
-def route_wake_up(rl: SimRL, req: Request) -> Answer | Timed:
+def route_wake_up(rl: SleepRL, req: Request) -> Answer | Timed:
     tags = req.query.get("tags") or None
 
     def run() -> Answer:
@@ -110,7 +116,7 @@ def route_wake_up(rl: SimRL, req: Request) -> Answer | Timed:
     return Timed("wake", run)
 
 
-def route_release_kv_cache_memory(rl: SimRL, req: Request) -> Answer | Timed:
+def route_release_kv_cache_memory(rl: SleepRL, req: Request) -> Answer | Timed:
     def run() -> Answer:
         engines = rl.endpoint.engines
         for engine in engines:
@@ -129,5 +135,5 @@ def route_release_kv_cache_memory(rl: SimRL, req: Request) -> Answer | Timed:
     return Timed("release_kv_cache_memory", run)
 
 
-def route_is_sleeping(rl: SimRL, req: Request) -> Answer:
+def route_is_sleeping(rl: SleepRL, req: Request) -> Answer:
     return 200, {"is_sleeping": any(e.is_sleeping for e in rl.endpoint.engines)}

@@ -25,12 +25,10 @@ histogram's truth (``endpoint.truth``) and the call ledger (``SimRL.calls``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from .hosts import RLHost
 from .rl_http import Answer, Request, Timed, embedded, engine_error, validation_error
-
-if TYPE_CHECKING:
-    from .rl import SimRL
 
 NOT_CONFIGURED = (
     "Weight transfer not configured. Please set weight_transfer_config to enable weight transfer."
@@ -101,11 +99,21 @@ class WeightTransfer:
         self.chunks = 0
 
 
+class TransferRL(Protocol):
+    """What the weight-transfer routes read of ``SimRL``."""
+
+    endpoint: RLHost
+    cpu: bool
+    transfer: WeightTransfer
+
+    def set_version(self, version: str) -> None: ...
+
+
 def _check_configured(t: WeightTransfer) -> Answer | None:
     return engine_error(NOT_CONFIGURED) if t.backend is None else None
 
 
-def route_init(rl: SimRL, req: Request) -> Answer | Timed:
+def route_init(rl: TransferRL, req: Request) -> Answer | Timed:
     error, info = embedded(req, "init_info", required=True)
     if error is not None:
         return error
@@ -128,7 +136,7 @@ def route_init(rl: SimRL, req: Request) -> Answer | Timed:
     return Timed("init", run)
 
 
-def route_shutdown(rl: SimRL, req: Request) -> Answer | Timed:
+def route_shutdown(rl: TransferRL, req: Request) -> Answer | Timed:
     t = rl.transfer
 
     def run() -> Answer:
@@ -140,7 +148,7 @@ def route_shutdown(rl: SimRL, req: Request) -> Answer | Timed:
     return Timed("shutdown", run)
 
 
-def _start(rl: SimRL, draft: bool) -> Timed:
+def _start(rl: TransferRL, draft: bool) -> Timed:
     t = rl.transfer
 
     def run() -> Answer:
@@ -161,11 +169,11 @@ def _start(rl: SimRL, draft: bool) -> Timed:
     return Timed("start_draft" if draft else "start", run)
 
 
-def route_start(rl: SimRL, req: Request) -> Timed:
+def route_start(rl: TransferRL, req: Request) -> Timed:
     return _start(rl, draft=False)
 
 
-def route_start_draft(rl: SimRL, req: Request) -> Timed:
+def route_start_draft(rl: TransferRL, req: Request) -> Timed:
     return _start(rl, draft=True)
 
 
@@ -190,7 +198,7 @@ def _chunk_error(t: WeightTransfer, info: Any, rank: int, cpu: bool) -> str | No
     return None
 
 
-def route_update(rl: SimRL, req: Request) -> Answer | Timed:
+def route_update(rl: TransferRL, req: Request) -> Answer | Timed:
     error, info = embedded(req, "update_info", required=True)
     if error is not None:
         return error
@@ -215,7 +223,7 @@ def route_update(rl: SimRL, req: Request) -> Answer | Timed:
     return Timed("update", run)
 
 
-def route_finish(rl: SimRL, req: Request) -> Answer | Timed:
+def route_finish(rl: TransferRL, req: Request) -> Answer | Timed:
     error, version = embedded(req, "weight_version", required=False)
     if error is not None:
         return error

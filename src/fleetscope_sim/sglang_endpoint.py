@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .endpoint import SimEndpoint, _ProcessState
+from .clock import ProcessState
+from .endpoint import SimEndpoint
 from .endpoint_exposition import _Family, _histogram_rows, _Labels, _Row
 from .engine import SimEngine
 from .ledger import Ledger
@@ -51,7 +52,7 @@ class SglangEndpoint(SimEndpoint):
     # -- state ---------------------------------------------------------------------------------
     def _reset_server_state(self, start_wall: float) -> None:
         start_wall = math.floor(start_wall * 100 + 1e-6) / 100
-        self._process = _ProcessState(start_wall=start_wall, start_sim=self._last_step_sim)
+        self._process = ProcessState(start_wall=start_wall, start_sim=self._last_step_sim)
         self.exported = Ledger(self.record_observations)  # the tokenizer's families
         self.created = {}
 

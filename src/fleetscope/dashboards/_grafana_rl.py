@@ -15,18 +15,14 @@ running / queued requests, KV token usage, token rates, TTFT and end-to-end late
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from fleetscope.dashboards._grafana_panels import _PanelSpec, _Promql
+from fleetscope import catalog
+from fleetscope.dashboards._grafana_promql import RATE, _native, _PanelSpec, _Promql, _Query
 
 _RL = "rl_weight_update_operation_duration_seconds"
 _SLEEP_OPS = "sleep_mode_operation_duration_seconds"
 
 
 def rl_row(p: _Promql) -> list[_PanelSpec]:
-    from fleetscope.dashboards._grafana_panels import _PanelSpec, _Query
-
     r = p.role
     awake = p.sel("engine_sleep_state", 'sleep_state="awake"')
     return [
@@ -61,7 +57,7 @@ def rl_row(p: _Promql) -> list[_PanelSpec]:
             "short",
             (
                 _Query(
-                    f"sum by ({r}) (1 - avg_over_time({awake}[{_rate()}]))",
+                    f"sum by ({r}) (1 - avg_over_time({awake}[{RATE}]))",
                     f"asleep {{{{{r}}}}}",
                 ),
                 _Query(f"count by ({r}) ({awake})", f"engines {{{{{r}}}}}"),
@@ -76,16 +72,7 @@ def rl_row(p: _Promql) -> list[_PanelSpec]:
     ]
 
 
-def _rate() -> str:
-    from fleetscope.dashboards._grafana_panels import RATE
-
-    return RATE
-
-
 def sglang_row(p: _Promql) -> list[_PanelSpec]:
-    from fleetscope import catalog
-    from fleetscope.dashboards._grafana_panels import _native, _PanelSpec, _Query
-
     # SGLang says its own role (engine_type: prefill / decode / unified): split by it as well
     # as by the target's role label, so P/D SGLang fleets need no scrape labels
     r = f"{p.role}, {catalog.SGLANG_ROLE_LABEL}"

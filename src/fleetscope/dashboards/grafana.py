@@ -50,9 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from fleetscope import catalog
-from fleetscope.dashboards._grafana_panels import QUANTILES as QUANTILES
-from fleetscope.dashboards._grafana_panels import RATE as RATE
-from fleetscope.dashboards._grafana_panels import _native, _panel_rows, _Promql
+from fleetscope.dashboards._grafana_panels import _panel_rows
+from fleetscope.dashboards._grafana_promql import QUANTILES as QUANTILES
+from fleetscope.dashboards._grafana_promql import RATE as RATE
+from fleetscope.dashboards._grafana_promql import _native, _Promql
 
 __all__ = [
     "DEFAULT_TITLE",

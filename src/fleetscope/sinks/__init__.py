@@ -1,5 +1,5 @@
 """Sinks: W&B, JSONL, terminal, TensorBoard, MLflow. Optional ones import lazily."""
 
-from fleetscope.sinks.base import Sink, Value
+from fleetscope.sinks.base import Sink, SinkBase, Value
 
-__all__ = ["Sink", "Value"]
+__all__ = ["Sink", "SinkBase", "Value"]

@@ -55,6 +55,7 @@ from typing import Any
 import httpx
 
 from fleetscope.sinks._grafana_api import _now_ms, _Region, validate_grafana_url
+from fleetscope.sinks.base import SinkBase
 from fleetscope.util.redact import redact
 from fleetscope.util.warn import RateLimitedWarner
 
@@ -65,7 +66,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TAGS: tuple[str, ...] = ("fleetscope",)
 
 
-class GrafanaAnnotator:
+class GrafanaAnnotator(SinkBase):
     """Grafana annotations for one run and its windows (see the module docs).
 
     Args:
@@ -376,9 +377,6 @@ class GrafanaAnnotator:
         except Exception as e:  # pragma: no cover - defensive
             self._fail("internal", "end_annotation", repr(e))
             return False
-
-    def __enter__(self) -> GrafanaAnnotator:
-        return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is not None and self._run is not None and not self._run_finished:

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fleetscope.sinks.base import Value
+from fleetscope.sinks.base import SinkBase, Value
 from fleetscope.util.warn import RateLimitedWarner
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def _clean_mapping(metrics: Mapping[str, Any]) -> dict[str, JsonValue]:
     return {str(k): _clean(v) for k, v in metrics.items()}
 
 
-class JsonlSink:
+class JsonlSink(SinkBase):
     """Writes each poll and each summary as one JSON line, flushing after every line.
 
     ``append=False`` (the default) truncates an existing file; ``append=True`` adds to it (a
@@ -157,12 +157,6 @@ class JsonlSink:
                 os.close(fd)
             except OSError as e:
                 self._warner.warn("close", f"error closing file: {e!r}")
-
-    def __enter__(self) -> JsonlSink:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def read_jsonl(

@@ -59,7 +59,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fleetscope.keys import KEY_SETS, KeySet
-from fleetscope.sinks.base import Value, numeric
+from fleetscope.sinks.base import SinkBase, Value, numeric
 from fleetscope.util.warn import RateLimitedWarner
 
 logger = logging.getLogger(__name__)
@@ -93,23 +93,12 @@ def mlflow_key(key: str) -> str:
     return out
 
 
-def _import_mlflow() -> tuple[Any, Any, Any]:
-    try:
-        from mlflow.entities import Metric, RunTag
-        from mlflow.tracking import MlflowClient
-    except ImportError as e:
-        raise ImportError(
-            "MlflowSink needs the 'mlflow' package: pip install 'fleetscope[mlflow]'"
-        ) from e
-    return MlflowClient, Metric, RunTag
-
-
 def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
 
 
-class MlflowSink:
+class MlflowSink(SinkBase):
     """Logs fleet keys to an MLflow run: ``run_id`` if given, else a new run.
 
     Args:
@@ -123,6 +112,8 @@ class MlflowSink:
         keys: ``"full"`` (default: the complete pass-through) or ``"compact"`` (the key set
             W&B gets by default; see docs/sinks.md).
     """
+
+    extra = "mlflow"
 
     def __init__(
         self,
@@ -138,7 +129,9 @@ class MlflowSink:
         if keys not in KEY_SETS:
             raise ValueError(f"keys must be one of {KEY_SETS}, not {keys!r}")
         self.key_set: KeySet = keys
-        MlflowClient, self._Metric, self._RunTag = _import_mlflow()
+        MlflowClient, self._Metric, self._RunTag = self._import_extra(
+            "mlflow.tracking:MlflowClient", "mlflow.entities:Metric", "mlflow.entities:RunTag"
+        )
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.tracking_uri = tracking_uri
         self.retry_after = float(retry_after)
@@ -277,9 +270,3 @@ class MlflowSink:
             self.client.set_terminated(self.run_id, status=status)
         except Exception as e:
             self._warner.warn("terminate", f"set_terminated failed: {type(e).__name__}: {e}")
-
-    def __enter__(self) -> MlflowSink:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

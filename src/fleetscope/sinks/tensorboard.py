@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fleetscope.sinks.base import Value, numeric
+from fleetscope.sinks.base import SinkBase, Value, numeric
 from fleetscope.util.warn import RateLimitedWarner
 
 logger = logging.getLogger(__name__)
@@ -40,19 +40,7 @@ logger = logging.getLogger(__name__)
 SUMMARY_PREFIX = "summary/"
 
 
-def _import_tensorboard() -> tuple[Any, Any, Any]:
-    try:
-        from tensorboard.compat.proto import event_pb2
-        from tensorboard.plugins.text.summary_v2 import text_pb
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-    except ImportError as e:
-        raise ImportError(
-            "TensorBoardSink needs the 'tensorboard' package: pip install 'fleetscope[tensorboard]'"
-        ) from e
-    return event_pb2, text_pb, EventFileWriter
-
-
-class TensorBoardSink:
+class TensorBoardSink(SinkBase):
     """Writes fleet keys as TensorBoard scalars into an event file in ``logdir``.
 
     ``logdir`` is the run directory (created if missing); point ``tensorboard --logdir`` at it
@@ -60,6 +48,7 @@ class TensorBoardSink:
     after that nothing does. It gets the full key set (the complete pass-through).
     """
 
+    extra = "tensorboard"
     key_set = "full"
 
     def __init__(
@@ -69,7 +58,11 @@ class TensorBoardSink:
         filename_suffix: str = "",
         max_queue_size: int = 64,
     ) -> None:
-        event_pb2, text_pb, EventFileWriter = _import_tensorboard()
+        event_pb2, text_pb, EventFileWriter = self._import_extra(
+            "tensorboard.compat.proto.event_pb2",
+            "tensorboard.plugins.text.summary_v2:text_pb",
+            "tensorboard.summary.writer.event_file_writer:EventFileWriter",
+        )
         self._event_pb2 = event_pb2
         self._text_pb = text_pb
         self.logdir = Path(logdir)
@@ -141,9 +134,3 @@ class TensorBoardSink:
                 writer.close()
             except Exception as e:
                 self._warner.warn("close", f"error closing the event file: {e!r}")
-
-    def __enter__(self) -> TensorBoardSink:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

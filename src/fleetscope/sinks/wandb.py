@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from fleetscope.keys import KEY_SETS, KeySet
-from fleetscope.sinks.base import Value
+from fleetscope.sinks.base import SinkBase, Value
 from fleetscope.util.warn import RateLimitedWarner
 
 if TYPE_CHECKING:
@@ -101,17 +101,7 @@ def resolve_mode(mode: str | None) -> str:
     return "online" if api_key_configured() else "offline"
 
 
-def _import_wandb() -> Any:
-    try:
-        import wandb
-    except ImportError as e:
-        raise ImportError(
-            "WandbSink needs the 'wandb' package: pip install 'fleetscope[wandb]'"
-        ) from e
-    return wandb
-
-
-class WandbSink:
+class WandbSink(SinkBase):
     """Logs fleet keys to a W&B run: ``run`` if given (e.g. the trainer's), else a new one.
 
     Construction errors (wandb missing, ``wandb.init`` failing) raise. After that, tracker
@@ -125,6 +115,8 @@ class WandbSink:
     ``keys``: ``"compact"`` (default) or ``"full"`` (module docs); the collector hands the sink
     that set (its ``key_set`` attribute).
     """
+
+    extra = "wandb"
 
     def __init__(
         self,
@@ -149,7 +141,7 @@ class WandbSink:
             raise ValueError(f"keys must be one of {KEY_SETS}, not {keys!r}")
         #: which key set the collector hands this sink: "compact" or "full"
         self.key_set: KeySet = keys
-        wandb = _import_wandb()
+        (wandb,) = self._import_extra("wandb")
         self.step_metric = step_metric
         self.key_prefix_glob = key_prefix_glob
         self.wall_time_key = wall_time_key
@@ -319,9 +311,3 @@ class WandbSink:
             run.finish()
         except Exception as e:
             self._warner.warn("finish", f"run.finish failed: {type(e).__name__}: {e}")
-
-    def __enter__(self) -> WandbSink:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -5,7 +5,9 @@ A :class:`Source` scrapes one poll's worth of endpoints and returns one :class:`
 per endpoint, failed or not. It also reports what left the fleet since the last poll
 (:meth:`Source.take_departures`): endpoints removed by the user and engines gone for good (a
 restarted Ray actor's old worker), so open windows stop expecting them. Sources whose fleet can
-be changed by the user also implement :class:`MembershipSource`.
+be changed by the user also implement :class:`MembershipSource`, whose members are
+:class:`Endpoint` (a base URL with its name and role: the HTTP source's, and the Ray source's
+per-node ones).
 
 Clocks, one per field:
 
@@ -22,12 +24,38 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from fleetscope.identity import Role
+from fleetscope.identity import Role, validate_endpoint_name
 
 if TYPE_CHECKING:
     from fleetscope.exposition import Exposition
     from fleetscope.identity import EngineId
-    from fleetscope.sources.http.source import Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One base URL serving ``/metrics`` (a vLLM API server), with its name and role."""
+
+    url: str
+    name: str = ""
+    role: Role | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.name:
+            validate_endpoint_name(self.name)
+        if self.role not in (None, "prefill", "decode"):
+            raise ValueError(f"role must be 'prefill', 'decode' or None, not {self.role!r}")
+
+    @property
+    def metrics_url(self) -> str:
+        u = self.url.rstrip("/")
+        return u if u.endswith("/metrics") else u + "/metrics"
+
+    @property
+    def base_url(self) -> str:
+        u = self.url.rstrip("/")
+        return u[: -len("/metrics")] if u.endswith("/metrics") else u
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,38 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
-from fleetscope.identity import Role, validate_endpoint_name
+from fleetscope.identity import Role
+from fleetscope.sources.base import Endpoint
 from fleetscope.util.redact import redact
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One base URL serving ``/metrics`` (a vLLM API server), with its name and role."""
-
-    url: str
-    name: str = ""
-    role: Role | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    groups: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.name:
-            validate_endpoint_name(self.name)
-        if self.role not in (None, "prefill", "decode"):
-            raise ValueError(f"role must be 'prefill', 'decode' or None, not {self.role!r}")
-
-    @property
-    def metrics_url(self) -> str:
-        u = self.url.rstrip("/")
-        return u if u.endswith("/metrics") else u + "/metrics"
-
-    @property
-    def base_url(self) -> str:
-        u = self.url.rstrip("/")
-        return u[: -len("/metrics")] if u.endswith("/metrics") else u
 
 
 def name_endpoints(
