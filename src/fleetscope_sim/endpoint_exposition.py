@@ -132,7 +132,7 @@ class EndpointExposition:
     def _serialize_fast(self) -> bytes:
         parts: list[str] = []
         label_cache = self._label_strings
-        go = floatToGoString
+        go = _go_string
         for base, kind, help_text, rows in self._families():
             header = self._headers.get(base)
             if header is None:
@@ -351,12 +351,14 @@ def _histogram_rows(
 
 
 _LE_STRINGS: dict[float, str] = {}
+# prometheus_client's value formatting, which it leaves unannotated
+_go_string: Callable[[float], str] = floatToGoString
 
 
 def _le(bound: float) -> str:
     text = _LE_STRINGS.get(bound)
     if text is None:
-        text = _LE_STRINGS[bound] = floatToGoString(bound)
+        text = _LE_STRINGS[bound] = _go_string(bound)
     return text
 
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 if TYPE_CHECKING:
     from fleetscope.identity import Role
+    from fleetscope.sinks.base import Sink
+
+    #: what ``ArgumentParser.add_subparsers`` returns (generic only in typeshed)
+    Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _role_and_url(spec: str) -> tuple[Role | None, str]:
@@ -29,8 +33,8 @@ def _headers_from_args(args: argparse.Namespace) -> dict[str, str]:
     return headers
 
 
-def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list:
-    sinks: list = []
+def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list[Sink]:
+    sinks: list[Sink] = []
     if terminal:
         from fleetscope.sinks.terminal import TerminalSink
 

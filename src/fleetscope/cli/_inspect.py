@@ -7,6 +7,10 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetscope.cli._common import Subcommands
 
 
 class SourceError(Exception):
@@ -58,8 +62,9 @@ def _read_source(
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from fleetscope.exposition import Parser
-    from fleetscope.fleet.state import FleetState, ScrapeResult
+    from fleetscope.fleet.state import FleetState
     from fleetscope.keys import KeyOptions
+    from fleetscope.sources.base import ScrapeResult
 
     parser = Parser()
     state = FleetState(key_options=KeyOptions(schema=args.schema))
@@ -114,7 +119,7 @@ def _print_table(keys: dict[str, float], args: argparse.Namespace) -> None:
     console.print(table)
 
 
-def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
+def add_inspect_parser(sub: Subcommands) -> None:
     """``inspect``."""
     ins = sub.add_parser(
         "inspect",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fleetscope.cli._common import _add_sink_args, _headers_from_args, _role_and_url, build_sinks
 
 if TYPE_CHECKING:
+    from fleetscope.cli._common import Subcommands
     from fleetscope.collector.core import Collector
     from fleetscope.health import HealthThresholds
     from fleetscope.sources.http.source import Endpoint
@@ -283,7 +284,7 @@ async def _watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -
     return 0 if view.endpoints_reporting == view.endpoints_expected else 1
 
 
-def add_watch_parser(sub: argparse._SubParsersAction) -> None:
+def add_watch_parser(sub: Subcommands) -> None:
     """``watch``."""
     from fleetscope.health import HealthThresholds
 

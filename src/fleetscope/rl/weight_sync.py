@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from fleetscope.rl.versions import RL, generation_delta, operation_deltas
+from fleetscope.rl.spans import RL
+from fleetscope.rl.versions import generation_delta, operation_deltas
 from fleetscope.stats.reduce import EngineInput
 
 if TYPE_CHECKING:

@@ -56,11 +56,15 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetscope.keys import KEY_SETS, KeySet
 from fleetscope.sinks.base import Value, numeric
 from fleetscope.util.warn import RateLimitedWarner
+
+if TYPE_CHECKING:
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +97,7 @@ def mlflow_key(key: str) -> str:
     return out
 
 
-def _import_mlflow() -> tuple[Any, Any, Any]:
+def _import_mlflow() -> tuple[type[MlflowClient], type[Metric], type[RunTag]]:
     try:
         from mlflow.entities import Metric, RunTag
         from mlflow.tracking import MlflowClient

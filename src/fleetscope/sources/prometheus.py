@@ -20,12 +20,13 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypedDict
 
 import httpx
 
 from fleetscope.exposition import ExpositionError, Parser
 from fleetscope.exposition.textformat import escape_label_value, format_value, labels_text
-from fleetscope.identity import Role
+from fleetscope.identity import Role, is_role
 from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.util.warn import RateLimitedWarner
 
@@ -33,6 +34,13 @@ log = logging.getLogger("fleetscope")
 
 DEFAULT_MATCH = '{__name__=~"vllm[:_].+"}'
 _DROP_LABELS = frozenset({"__name__", "job", "instance"})
+
+
+class InstantSample(TypedDict):
+    """One series of an instant query's ``data.result`` (a vector)."""
+
+    metric: dict[str, str]  # its labels, ``__name__`` included
+    value: list[float | str]  # [unix time, "value as text"]
 
 
 def _vllm_name(name: str) -> str:
@@ -91,14 +99,15 @@ class PrometheusSource:
         await self._client.aclose()
         self._pool.shutdown(wait=False)
 
-    async def _query(self, expr: str, at: float | None = None) -> list[dict]:
+    async def _query(self, expr: str, at: float | None = None) -> list[InstantSample]:
         params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
         r = await self._client.get(f"{self.url}/api/v1/query", params=params)
         r.raise_for_status()
         body = r.json()
         if body.get("status") != "success":
             raise RuntimeError(f"query {expr!r} failed: {body.get('error')}")
-        return body["data"]["result"]
+        result: list[InstantSample] = body["data"]["result"]
+        return result
 
     async def _metadata(self) -> None:
         r = await self._client.get(f"{self.url}/api/v1/metadata")
@@ -172,19 +181,19 @@ class PrometheusSource:
             scraped_at = {u["metric"].get("instance", ""): float(u["value"][1]) for u in after}
         latency = time.monotonic() - t0
         offset = self._clock_offset
-        by_instance: dict[str, list[dict]] = {}
+        by_instance: dict[str, list[InstantSample]] = {}
         roles: dict[str, Role | None] = {}
         for s in samples:
             m = s["metric"]
             inst = m.get("instance", "")
             by_instance.setdefault(inst, []).append(s)
             role = m.get(self.role_label)
-            if role in ("prefill", "decode"):
+            if is_role(role):
                 roles[inst] = role
         up = {u["metric"].get("instance", ""): float(u["value"][1]) for u in ups}
         for u in ups:
             r = u["metric"].get(self.role_label)
-            if r in ("prefill", "decode"):
+            if is_role(r):
                 roles.setdefault(u["metric"].get("instance", ""), r)
         results = []
         # targets in the order of `names` (then of discovery): rows, and so every float sum
@@ -212,7 +221,7 @@ class PrometheusSource:
             results.append(ScrapeResult(name, expo, mono, wall, latency, None, role))
         return results
 
-    def _render(self, samples: list[dict]) -> str:
+    def _render(self, samples: list[InstantSample]) -> str:
         """One target's samples as text 0.0.4, sorted so the parser's fast path applies."""
         rows = []
         families: dict[str, str] = {}
@@ -230,7 +239,7 @@ class PrometheusSource:
         out += [f"{n}{{{lab}}} {v}" if lab else f"{n} {v}" for n, lab, v in rows]
         return "\n".join(out) + "\n"
 
-    def _unknown_families(self, samples: list[dict]) -> bool:
+    def _unknown_families(self, samples: list[InstantSample]) -> bool:
         """Whether a sample's family has no type yet (metadata not fetched since it appeared):
         untyped, a counter would be read as a gauge until the next metadata refresh."""
         names = {s["metric"].get("__name__", "") for s in samples}

@@ -149,12 +149,14 @@ def layout_from_data(data: Mapping[str, Any]) -> EngineLayout:
 def _floats(arr: np.ndarray) -> list[float | str]:
     finite = np.isfinite(arr)
     if finite.all():
-        return arr.tolist()
+        plain: list[float | str] = arr.tolist()
+        return plain
     out = arr.astype(object)  # C speed: Python floats, then the strings by mask
     out[np.isnan(arr)] = "NaN"
     out[arr == np.inf] = "+Inf"
     out[arr == -np.inf] = "-Inf"
-    return out.tolist()
+    mixed: list[float | str] = out.tolist()
+    return mixed
 
 
 def _array(values: list[float | str]) -> np.ndarray:

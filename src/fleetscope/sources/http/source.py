@@ -32,7 +32,6 @@ from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http.client import (
     ACCEPT,
     ScrapeError,
-    WireClient,
     describe,
     fetch_metrics,
     get_json,
@@ -42,6 +41,7 @@ from fleetscope.sources.http.client import (
 from fleetscope.sources.http.loop_parse import LoopParser
 from fleetscope.sources.http.membership import Endpoint, EndpointSet, Members, name_endpoints
 from fleetscope.sources.http.server_version import ServerVersions
+from fleetscope.sources.http.wire import WireClient
 from fleetscope.util.backoff import Backoff
 from fleetscope.util.warn import RateLimitedWarner
 

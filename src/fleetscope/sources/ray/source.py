@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from fleetscope.sources.ray.identity import (
     RAY_AGENT_IDENTITY,
     AgentEngine,
     RayIdentity,
+    RayNode,
     _ray_nodes,
     decode_label,
     discover_agents,
@@ -95,7 +96,7 @@ class RaySource:
         identity: RayIdentity | None = None,
         *,
         identity_lookup: Callable[[], RayIdentity] | None = None,
-        nodes: Callable[[], Iterable[Mapping]] | None = None,
+        nodes: Callable[[], Iterable[RayNode]] | None = None,
         rediscover_every: int = 12,
         http: HttpSource | None = None,
         lookup_timeout: float = IDENTITY_LOOKUP_TIMEOUT,
