@@ -42,7 +42,7 @@ def run_follower(path: Path, script, *, applied: str | None = None) -> FakeColle
 
     async def main() -> None:
         with contextlib.suppress(asyncio.CancelledError):
-            await cli._follow_endpoints_file(
+            await cli.follow_endpoints_file(
                 collector, str(path), [], 1.0, pause=pause, applied=applied
             )
 

@@ -310,7 +310,7 @@ def test_fast_path_reuses_the_template_with_the_same_result():
 # --------------------------------------------------------------------------- a mixed fleet
 
 
-def _observe(polls):
+def observe_polls(polls):
     state = FleetState()
     parsers: dict[str, Parser] = {}
     res = None
@@ -344,7 +344,7 @@ def test_mixed_fleet_ttft_quantiles_pool_on_shared_bounds_and_counters_are_exact
     s_idle = body("single_idle.prom")
     s_after = body("single_after.prom")
     d_idle, d_after = body("dp2_idle.prom"), body("dp2_after.prom")
-    res = _observe(
+    res = observe_polls(
         [
             (0.0, {"v": v_idle, "s": s_idle, "d": d_idle}),
             (30.0, {"v": v_after, "s": s_after, "d": d_after}),
@@ -410,7 +410,7 @@ def test_mixed_fleet_ttft_quantiles_pool_on_shared_bounds_and_counters_are_exact
 
 
 def test_sglang_prefix_cache_hit_rate():
-    res = _observe(
+    res = observe_polls(
         [(0.0, {"s": body("single_idle.prom")}), (30.0, {"s": body("single_after.prom")})]
     )
     t = TRUTH["single_after.prom"]["counters"]
@@ -436,7 +436,7 @@ def test_openmetrics_body_with_escaped_sample_names_parses_as_the_text_body():
 
 
 def test_pd_fleet_scopes_come_from_the_bodies():
-    res = _observe(
+    res = observe_polls(
         [
             (0.0, {"p": body("pd_prefill_after.prom"), "d": body("pd_decode_after.prom")}),
             (30.0, {"p": body("pd_prefill_after.prom"), "d": body("pd_decode_after.prom")}),

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-def _role_and_url(spec: str) -> tuple[Role | None, str]:
+def role_and_url(spec: str) -> tuple[Role | None, str]:
     """``URL`` (no role), or ``prefill=URL`` / ``decode=URL``."""
     role, sep, url = spec.partition("=")
     if not sep or "://" in role:
@@ -23,7 +23,7 @@ def _role_and_url(spec: str) -> tuple[Role | None, str]:
     return cast("Role", role), url.strip()
 
 
-def _headers_from_args(args: argparse.Namespace) -> dict[str, str]:
+def headers_from_args(args: argparse.Namespace) -> dict[str, str]:
     import os
 
     headers = {}
@@ -60,7 +60,7 @@ def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list[Sink]:
     return sinks
 
 
-def _add_sink_args(p: argparse.ArgumentParser) -> None:
+def add_sink_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jsonl", default=None, help="append every poll to this JSONL file")
     p.add_argument("--wandb-project", default=None, help="log to this W&B project")
     p.add_argument("--wandb-entity", default=None)

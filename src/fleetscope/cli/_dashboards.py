@@ -68,7 +68,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     return 0 if ok or not args.strict else 1
 
 
-def _dashboard_kinds(sub: Subcommands) -> Subcommands:
+def dashboard_kinds(sub: Subcommands) -> Subcommands:
     """The ``dashboard KIND`` group, created by whichever dashboard kind is added first."""
     dash = sub.choices.get("dashboard")
     if dash is None:
@@ -85,10 +85,10 @@ def _dashboard_kinds(sub: Subcommands) -> Subcommands:
     return kinds
 
 
-def _add_grafana_parsers(sub: Subcommands) -> None:
+def add_grafana_parsers(sub: Subcommands) -> None:
     """``dashboard grafana`` and ``annotate`` (the ``dashboard`` group is shared with other
     dashboard kinds: it is created here only if nobody created it before)."""
-    kinds = _dashboard_kinds(sub)
+    kinds = dashboard_kinds(sub)
     g = kinds.add_parser(
         "grafana",
         help="a Grafana dashboard (JSON) for vLLM series scraped by Prometheus",
@@ -175,9 +175,9 @@ def cmd_dashboard_wandb(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_wandb_dashboard_parser(sub: Subcommands) -> None:
+def add_wandb_dashboard_parser(sub: Subcommands) -> None:
     """``dashboard wandb`` (the ``dashboard`` group is shared: created here if missing)."""
-    kinds = _dashboard_kinds(sub)
+    kinds = dashboard_kinds(sub)
     w = kinds.add_parser(
         "wandb",
         help="a W&B workspace view with the inference section (wandb-workspaces)",

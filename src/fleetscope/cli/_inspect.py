@@ -17,7 +17,7 @@ class SourceError(Exception):
     """A body that could not be read within the bounds (size, time)."""
 
 
-def _read_source(
+def read_source(
     source: str, timeout: float, *, max_bytes: int | None = None
 ) -> tuple[bytes, float, float]:
     """A body from a file or a URL, with the (monotonic, wall) time it arrived.
@@ -76,7 +76,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if i == 1 and is_url and args.prev == args.cur:
             time.sleep(args.interval)
         try:
-            body, mono, wall = _read_source(src, args.timeout)
+            body, mono, wall = read_source(src, args.timeout)
             if not is_url:  # saved files: the interval is what the user says it was
                 mono = i * args.interval
             expo = parser.parse(body, time=mono, wall_time=wall)
@@ -95,11 +95,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         json.dump(keys, sys.stdout, indent=None if args.compact else 1)
         sys.stdout.write("\n")
         return 0
-    _print_table(keys, args)
+    print_table(keys, args)
     return 0
 
 
-def _print_table(keys: dict[str, float], args: argparse.Namespace) -> None:
+def print_table(keys: dict[str, float], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 

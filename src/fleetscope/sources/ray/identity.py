@@ -51,7 +51,7 @@ def discover_agents(nodes: Iterable[RayNode] | None = None) -> list[Endpoint]:
     Names are ``node-{NodeID[:8]}``, so a node keeps its name while alive.
     """
     if nodes is None:
-        nodes = _ray_nodes()
+        nodes = ray_nodes()
     alive = [
         n
         for n in nodes
@@ -218,7 +218,7 @@ def owner_of(e: AgentEngine, identity: RayIdentity) -> str | None:
     return None
 
 
-def _ray_nodes() -> list[dict[str, Any]]:
+def ray_nodes() -> list[dict[str, Any]]:
     import ray
 
     nodes: Callable[[], list[dict[str, Any]]] = ray.nodes  # Ray leaves it unannotated
