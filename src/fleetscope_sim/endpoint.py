@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from .endpoint_exposition import EndpointExposition, Mode, _EndpointCollector, _Labels
+from .endpoint_exposition import EndpointCollector, EndpointExposition, LabelPairs, Mode
 from .endpoint_faults import EndpointFaultInjection, EndpointFaults
 from .endpoint_http import CONTENT_TYPE_LATEST, GARBAGE_BODY, EndpointHTTPAnswers, MetricsResponse
 from .engine import LoadProfile, Role, SimEngine
@@ -65,7 +65,7 @@ class SimClock:
 
 
 @dataclass
-class _ProcessState:
+class ProcessState:
     """The API server process: when it started (unix and simulated time), its CPU seconds."""
 
     start_wall: float
@@ -143,8 +143,8 @@ class SimEndpoint(EndpointExposition, EndpointHTTPAnswers, EndpointFaultInjectio
         #: serve ``render_fast()`` (identical bytes, cheaper) instead of ``render()``
         self.fast_render = True
         self._cache: tuple[int, bytes] | None = None
-        self._label_strings: dict[_Labels, str] = {}
-        self._child_label_cache: dict[tuple[str, str | None, SeriesKey], _Labels] = {}
+        self._label_strings: dict[LabelPairs, str] = {}
+        self._child_label_cache: dict[tuple[str, str | None, SeriesKey], LabelPairs] = {}
         self._headers: dict[str, tuple[str, str]] = {}
         self._huge_cache: tuple[int, float, bytes] | None = None
         self.truth = Truth(record_observations)
@@ -157,13 +157,13 @@ class SimEndpoint(EndpointExposition, EndpointHTTPAnswers, EndpointFaultInjectio
         #: the RL endpoints (/weight_info, /pause, /sleep, weight transfer ...): see rl.py
         self.rl = SimRL(self)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_EndpointCollector(self))
+        self.registry.register(EndpointCollector(self))
 
     # -- state --------------------------------------------------------------------------------
     def _reset_server_state(self, start_wall: float) -> None:
         # process_start_time_seconds has 10 ms resolution, as prometheus_client's.
         start_wall = math.floor(start_wall * 100 + 1e-6) / 100
-        self._process = _ProcessState(start_wall=start_wall, start_sim=self._last_step_sim)
+        self._process = ProcessState(start_wall=start_wall, start_sim=self._last_step_sim)
         self.exported = Ledger(self.record_observations)
         self.created: dict[tuple[str, SeriesKey], float] = {}
         spec = FAMILIES_BY_NAME["vllm:admission_rejections_total"]

@@ -49,7 +49,7 @@ from .vllm_families import (
 )
 
 if TYPE_CHECKING:
-    from .endpoint import _ProcessState
+    from .endpoint import ProcessState
     from .engine import SimEngine
     from .rl import SimRL
 
@@ -57,12 +57,12 @@ Mode = Literal["single", "multiprocess"]
 
 _INF = float("inf")
 
-_Labels = tuple[tuple[str, str], ...]
-_Row = tuple[str, _Labels, float]  # sample name, labels, value
-_Family = tuple[str, str, str, list[_Row]]  # base name, type, help, rows
+LabelPairs = tuple[tuple[str, str], ...]
+SampleRow = tuple[str, LabelPairs, float]  # sample name, labels, value
+FamilyRows = tuple[str, str, str, list[SampleRow]]  # base name, type, help, rows
 
 
-class _EndpointCollector(Collector):
+class EndpointCollector(Collector):
     """prometheus_client collector reading a ``SimEndpoint``'s frozen state."""
 
     def __init__(self, endpoint: EndpointExposition) -> None:
@@ -88,10 +88,10 @@ class EndpointExposition:
     _lock: threading.RLock
     _version: int
     _cache: tuple[int, bytes] | None
-    _label_strings: dict[_Labels, str]
-    _child_label_cache: dict[tuple[str, str | None, SeriesKey], _Labels]
+    _label_strings: dict[LabelPairs, str]
+    _child_label_cache: dict[tuple[str, str | None, SeriesKey], LabelPairs]
     _headers: dict[str, tuple[str, str]]
-    _process: _ProcessState
+    _process: ProcessState
     _last_step_sim: float
 
     def render(self, use_cache: bool = True) -> bytes:
@@ -154,10 +154,10 @@ class EndpointExposition:
                 parts.extend(created_lines)
         return "".join(parts).encode("utf-8")
 
-    def _families(self) -> list[_Family]:
+    def _families(self) -> list[FamilyRows]:
         """Every family of the body in exposition order, as (base name, type, help, rows)."""
         single = self.mode == "single"
-        families: list[_Family] = []
+        families: list[FamilyRows] = []
         if single:
             families.extend(self._process_families())
         for spec in FAMILIES:
@@ -171,7 +171,7 @@ class EndpointExposition:
             families.sort(key=lambda f: MULTIPROCESS_KIND_ORDER[f[1]])
         return families
 
-    def _child_labels(self, engine: SimEngine, label: str | None, key: SeriesKey) -> _Labels:
+    def _child_labels(self, engine: SimEngine, label: str | None, key: SeriesKey) -> LabelPairs:
         cache_key = (engine.label, label, key)
         labels = self._child_label_cache.get(cache_key)
         if labels is None:
@@ -181,10 +181,10 @@ class EndpointExposition:
             self._child_label_cache[cache_key] = labels
         return labels
 
-    def _vllm_family(self, spec: FamilySpec, single: bool) -> _Family:
+    def _vllm_family(self, spec: FamilySpec, single: bool) -> FamilyRows:
         kind = spec.kind
         base = spec.name[:-6] if kind == "counter" else spec.name
-        rows: list[_Row] = []
+        rows: list[SampleRow] = []
         if kind == "counter":
             total, created = base + "_total", base + "_created"
             if spec.per_engine:
@@ -218,7 +218,7 @@ class EndpointExposition:
                 hist = engine.exported.histograms[spec.name][()]
                 hcreated = engine.created[(spec.name, ())] if single else None
                 labels = self._child_labels(engine, None, ())
-                _histogram_rows(rows, base, labels, hist, hcreated, single)
+                histogram_rows(rows, base, labels, hist, hcreated, single)
         return base, kind, spec.help, rows
 
     def _engine_series(
@@ -243,7 +243,7 @@ class EndpointExposition:
                     rows.append((e, key, series[key]))
         return rows
 
-    def _cache_config_labels(self, engine: SimEngine) -> _Labels:
+    def _cache_config_labels(self, engine: SimEngine) -> LabelPairs:
         cached = self._child_label_cache.get((engine.label, "cache_config_info", ()))
         if cached is not None:
             return cached
@@ -263,7 +263,7 @@ class EndpointExposition:
         self._child_label_cache[(engine.label, "cache_config_info", ())] = result
         return result
 
-    def _process_families(self) -> list[_Family]:
+    def _process_families(self) -> list[FamilyRows]:
         proc = self._process
         up = max(0.0, self._last_step_sim - proc.start_sim)
         values: dict[str, dict[SeriesKey, float]] = {
@@ -285,10 +285,10 @@ class EndpointExposition:
             "process_open_fds": {(): 34.0},
             "process_max_fds": {(): 20000.0},
         }
-        families: list[_Family] = []
+        families: list[FamilyRows] = []
         for spec in PROCESS_FAMILIES:
             base = spec.name[:-6] if spec.kind == "counter" else spec.name
-            rows: list[_Row] = []
+            rows: list[SampleRow] = []
             if spec.name == "python_info":
                 rows.append(("python_info", tuple(PYTHON_INFO_LABELS.items()), 1.0))
             else:
@@ -298,11 +298,11 @@ class EndpointExposition:
             families.append((base, spec.kind, spec.help, rows))
         return families
 
-    def _http_family(self, spec: FamilySpec, single: bool) -> _Family:
+    def _http_family(self, spec: FamilySpec, single: bool) -> FamilyRows:
         kind = spec.kind
         base = spec.name[:-6] if kind == "counter" else spec.name
         names = HTTP_LABEL_NAMES[spec.name]
-        rows: list[_Row] = []
+        rows: list[SampleRow] = []
         created_name = base + "_created"
         if kind == "counter":
             for key, value in self.exported.counters.get(spec.name, {}).items():
@@ -321,14 +321,14 @@ class EndpointExposition:
             for key, hist in self.exported.histograms.get(spec.name, {}).items():
                 labels = tuple(zip(names, key, strict=True))
                 created = self.created[(spec.name, key)] if single else None
-                _histogram_rows(rows, base, labels, hist, created, single)
+                histogram_rows(rows, base, labels, hist, created, single)
         return base, kind, spec.help, rows
 
 
-def _histogram_rows(
-    rows: list[_Row],
+def histogram_rows(
+    rows: list[SampleRow],
     base: str,
-    labels: _Labels,
+    labels: LabelPairs,
     hist: HistogramCounts,
     created: float | None,
     single: bool,
@@ -366,7 +366,7 @@ def _escape_label_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def _label_string(labels: _Labels) -> str:
+def _label_string(labels: LabelPairs) -> str:
     """``{a="x",b="y"}`` with names sorted, as ``generate_latest`` writes labels."""
     if not labels:
         return ""

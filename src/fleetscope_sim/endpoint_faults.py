@@ -19,7 +19,7 @@ from .engine_metrics import LAZY_SERIES_DONORS
 from .ledger import Ledger, Truth
 
 if TYPE_CHECKING:
-    from .endpoint import _ProcessState
+    from .endpoint import ProcessState
     from .rl import SimRL
 
 
@@ -49,7 +49,7 @@ class EndpointFaultInjection:
     exported: Ledger
     rl: SimRL
     _lock: threading.RLock
-    _process: _ProcessState
+    _process: ProcessState
     _last_step_sim: float
 
     if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .engine import Role
 
 if TYPE_CHECKING:
-    from .endpoint import _ProcessState
+    from .endpoint import ProcessState
     from .endpoint_faults import EndpointFaults
     from .rl import SimRL
 
@@ -70,7 +70,7 @@ class EndpointHTTPAnswers:
     _lock: threading.RLock
     _version: int
     _huge_cache: tuple[int, float, bytes] | None
-    _process: _ProcessState
+    _process: ProcessState
 
     if TYPE_CHECKING:
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .endpoint import SimEndpoint, _ProcessState
-from .endpoint_exposition import _Family, _histogram_rows, _Labels, _Row
+from .endpoint import ProcessState, SimEndpoint
+from .endpoint_exposition import FamilyRows, LabelPairs, SampleRow, histogram_rows
 from .engine import SimEngine
 from .ledger import Ledger
 from .sglang_engine import SglangEngine
@@ -51,7 +51,7 @@ class SglangEndpoint(SimEndpoint):
     # -- state ---------------------------------------------------------------------------------
     def _reset_server_state(self, start_wall: float) -> None:
         start_wall = math.floor(start_wall * 100 + 1e-6) / 100
-        self._process = _ProcessState(start_wall=start_wall, start_sim=self._last_step_sim)
+        self._process = ProcessState(start_wall=start_wall, start_sim=self._last_step_sim)
         self.exported = Ledger(self.record_observations)  # the tokenizer's families
         self.created = {}
 
@@ -62,8 +62,8 @@ class SglangEndpoint(SimEndpoint):
         """SGLang's HTTP families need ``--enable-http-metrics``: not simulated."""
 
     # -- rendering -----------------------------------------------------------------------------
-    def _families(self) -> list[_Family]:
-        families: list[_Family] = []
+    def _families(self) -> list[FamilyRows]:
+        families: list[FamilyRows] = []
         for spec in FAMILIES:
             rows = self._scheduler_rows(spec) if spec.owner == "scheduler" else self._tok_rows(spec)
             if rows:  # a multiprocess body has no family without samples
@@ -71,7 +71,7 @@ class SglangEndpoint(SimEndpoint):
                 families.append((base, spec.kind, spec.help, rows))
         return families
 
-    def _labels(self, engine: SimEngine | None, label: str | None, value: str | None) -> _Labels:
+    def _labels(self, engine: SimEngine | None, label: str | None, value: str | None) -> LabelPairs:
         key = ("" if engine is None else engine.label, label, (value,) if value else ())
         cached = self._child_label_cache.get(key)
         if cached is None:
@@ -83,8 +83,8 @@ class SglangEndpoint(SimEndpoint):
             self._child_label_cache[key] = cached
         return cached
 
-    def _scheduler_rows(self, spec: SglangFamily) -> list[_Row]:
-        rows: list[_Row] = []
+    def _scheduler_rows(self, spec: SglangFamily) -> list[SampleRow]:
+        rows: list[SampleRow] = []
         name = spec.name
         for engine in self.engines:
             if spec.kind == "counter":
@@ -94,7 +94,7 @@ class SglangEndpoint(SimEndpoint):
                 hist = engine.exported.histograms.get(name, {}).get(())
                 if hist is not None:
                     labels = self._labels(engine, None, None)
-                    _histogram_rows(rows, name, labels, hist, None, single=False)
+                    histogram_rows(rows, name, labels, hist, None, single=False)
             elif name in engine.gauges:
                 if engine.has_stepped:
                     rows.append((name, self._labels(engine, None, None), engine.gauges[name][()]))
@@ -103,8 +103,8 @@ class SglangEndpoint(SimEndpoint):
                 rows.append((name, self._labels(engine, None, None), engine.constants()[name]))
         return rows
 
-    def _tok_rows(self, spec: SglangFamily) -> list[_Row]:
-        rows: list[_Row] = []
+    def _tok_rows(self, spec: SglangFamily) -> list[SampleRow]:
+        rows: list[SampleRow] = []
         name = spec.name
         if spec.kind == "counter":
             for key, value in self.exported.counters.get(name, {}).items():
@@ -112,7 +112,7 @@ class SglangEndpoint(SimEndpoint):
         else:
             for key, hist in self.exported.histograms.get(name, {}).items():
                 labels = self._labels(None, spec.label, _first(key))
-                _histogram_rows(rows, name, labels, hist, None, single=False)
+                histogram_rows(rows, name, labels, hist, None, single=False)
         return rows
 
     # -- side routes -----------------------------------------------------------------------------
@@ -169,7 +169,7 @@ def _first(key: tuple[str, ...]) -> str | None:
 
 def scheduler_labels(
     engine_type: str, model: str, dp_rank: str | None, label: str | None, value: str | None
-) -> _Labels:
+) -> LabelPairs:
     """A scheduler child's labels, sorted as the multiprocess collector writes them (TP, PP
     and MoE-EP rank 0: the rank that logs)."""
     labels = {
@@ -186,7 +186,9 @@ def scheduler_labels(
     return tuple(sorted(labels.items()))
 
 
-def tokenizer_labels(engine_type: str, model: str, label: str | None, value: str | None) -> _Labels:
+def tokenizer_labels(
+    engine_type: str, model: str, label: str | None, value: str | None
+) -> LabelPairs:
     """A tokenizer child's labels (no ranks: one tokenizer serves every replica)."""
     labels = {"engine_type": engine_type, "model_name": model}
     if label and value is not None:

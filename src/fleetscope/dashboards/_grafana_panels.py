@@ -15,33 +15,33 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 
 @dataclass(frozen=True)
-class _Query:
+class Query:
     expr: str
     legend: str
 
 
 @dataclass(frozen=True)
-class _PanelSpec:
+class PanelSpec:
     title: str
     description: str
     unit: str
-    queries: tuple[_Query, ...]
+    queries: tuple[Query, ...]
     max: float | None = None
 
 
 _SGLANG_RANK_0 = ",".join(f'{label}=~"|0"' for label in catalog.SGLANG_RANK_LABELS)
 
 
-def _native(metric: str, engine: str) -> str:
+def native_metric(metric: str, engine: str) -> str:
     """``engine``'s own name (no prefix) of a vLLM metric name, with its series suffix, from the
-    catalog: ``_native("num_requests_running", "sglang") == "num_running_reqs"``."""
+    catalog: ``native_metric("num_requests_running", "sglang") == "num_running_reqs"``."""
     suffix = "_total" if metric.endswith("_total") else ""
     base = metric.removesuffix(suffix)
     name = catalog.native_name("vllm:" + base, engine)
     return name.split(":", 1)[1] + suffix
 
 
-class _Promql:
+class Promql:
     """Builds the selectors and expressions, for one naming style and one role label."""
 
     def __init__(self, metric_prefix: str | None, role_label: str, job_var: str, role_var: str):
@@ -91,12 +91,12 @@ class _Promql:
         return f"{self.role}, instance, engine"
 
     # -- building blocks
-    def gauge_mean_min_max(self, name: str) -> tuple[_Query, ...]:
+    def gauge_mean_min_max(self, name: str) -> tuple[Query, ...]:
         s, r = self.sel(name), self.role
         return (
-            _Query(f"avg by ({r}) ({s})", f"mean {{{{{r}}}}}"),
-            _Query(f"min by ({r}) ({s})", f"min engine {{{{{r}}}}}"),
-            _Query(f"max by ({r}) ({s})", f"max engine {{{{{r}}}}}"),
+            Query(f"avg by ({r}) ({s})", f"mean {{{{{r}}}}}"),
+            Query(f"min by ({r}) ({s})", f"min engine {{{{{r}}}}}"),
+            Query(f"max by ({r}) ({s})", f"max engine {{{{{r}}}}}"),
         )
 
     def per_engine_rate(self, name: str, extra: str = "") -> str:
@@ -104,11 +104,11 @@ class _Promql:
 
     def counter_sum_tail(
         self, name: str, tail: str, *, tail_extra: str = "", tail_legend: str = ""
-    ) -> tuple[_Query, ...]:
+    ) -> tuple[Query, ...]:
         r = self.role
         return (
-            _Query(f"sum by ({r}) ({self.rate(name)})", f"sum {{{{{r}}}}}"),
-            _Query(
+            Query(f"sum by ({r}) ({self.rate(name)})", f"sum {{{{{r}}}}}"),
+            Query(
                 f"{tail} by ({r}) ({self.per_engine_rate(name, tail_extra)})",
                 tail_legend or f"{tail} engine {{{{{r}}}}}",
             ),
@@ -123,12 +123,12 @@ class _Promql:
         by: str = "",
         engine: str = "vllm",
         quantiles: tuple[float, ...] = QUANTILES,
-    ) -> tuple[_Query, ...]:
+    ) -> tuple[Query, ...]:
         """Quantiles (pooled bucket rates) and the mean, per role (and ``by``)."""
         r = f"{by}, {self.role}" if by else self.role
         legend = " ".join(f"{{{{{x.strip()}}}}}" for x in r.split(","))
         out = [
-            _Query(
+            Query(
                 f"histogram_quantile({q}, sum by (le, {r}) "
                 f"({self.rate(name + '_bucket', engine=engine)}))",
                 f"p{round(q * 100)} {legend}",
@@ -138,11 +138,11 @@ class _Promql:
         mean = self.ratio(
             self.rate(name + "_sum", engine=engine), self.rate(name + "_count", engine=engine), r
         )
-        out.append(_Query(mean, f"mean {legend}"))
+        out.append(Query(mean, f"mean {legend}"))
         return tuple(out)
 
 
-def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
+def panel_rows(p: Promql) -> list[tuple[str, list[PanelSpec]]]:
     r = p.role
     hit_rate_pooled = p.ratio(
         p.rate("prefix_cache_hits_total"), p.rate("prefix_cache_queries_total"), r
@@ -153,42 +153,42 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
     success = catalog.REQUEST_SUCCESS
     up_sel = "{" + p.filters + "}"
     fleet = [
-        _PanelSpec(
+        PanelSpec(
             "KV cache usage",
             "Fraction of KV cache blocks in use: fleet mean, and the least and most loaded engine.",
             "percentunit",
             p.gauge_mean_min_max(catalog.KV_USAGE),
             max=1.0,
         ),
-        _PanelSpec(
+        PanelSpec(
             "Preemptions / s",
             "Fleet total, and the engine preempting most (one engine out of KV shows here).",
             "ops",
             p.counter_sum_tail(catalog.PREEMPTIONS, "max"),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Running requests",
             "Requests in model execution batches: mean per engine, min and max engine.",
             "short",
             p.gauge_mean_min_max(catalog.RUNNING),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Waiting requests",
             "Requests waiting to be scheduled: mean per engine, min and max engine.",
             "short",
             p.gauge_mean_min_max(catalog.WAITING),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Prefix cache hit rate",
             "Pooled over the fleet (hits / queries, not a mean of ratios), and the worst engine.",
             "percentunit",
             (
-                _Query(hit_rate_pooled, f"pooled {{{{{r}}}}}"),
-                _Query(f"min by ({r}) ({hit_rate_engine})", f"min engine {{{{{r}}}}}"),
+                Query(hit_rate_pooled, f"pooled {{{{{r}}}}}"),
+                Query(f"min by ({r}) ({hit_rate_engine})", f"min engine {{{{{r}}}}}"),
             ),
             max=1.0,
         ),
-        _PanelSpec(
+        PanelSpec(
             "Generation tokens / s",
             "Fleet total, and the slowest generating engine. Prefill engines are left out of "
             "the minimum (they generate ~1 token per request and would pin it at 0, hiding a "
@@ -201,7 +201,7 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
                 tail_legend=f"min engine {{{{{r}}}}} (no prefill)",
             ),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Prompt tokens / s",
             "Fleet total, and the engine processing most prompt tokens.",
             "short",
@@ -209,25 +209,25 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
         ),
     ]
     latency = [
-        _PanelSpec(
+        PanelSpec(
             "Time to first token",
             "TTFT quantiles from pooled bucket rates, and the mean (sum / count).",
             "s",
             p.latency(catalog.TTFT),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Time per output token (per request)",
             "TPOT per request: quantiles and mean.",
             "s",
             p.latency(catalog.TPOT),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Inter-token latency",
             "ITL quantiles and mean.",
             "s",
             p.latency(catalog.ITL),
         ),
-        _PanelSpec(
+        PanelSpec(
             "End-to-end request latency",
             "E2E latency quantiles and mean.",
             "s",
@@ -235,24 +235,24 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
         ),
     ]
     requests = [
-        _PanelSpec(
+        PanelSpec(
             "Truncation share",
             'Share of finished requests that stopped at max tokens (finished_reason="length").',
             "percentunit",
             (
-                _Query(
+                Query(
                     p.ratio(p.rate(success, 'finished_reason="length"'), p.rate(success), r),
                     f"length / all {{{{{r}}}}}",
                 ),
             ),
             max=1.0,
         ),
-        _PanelSpec(
+        PanelSpec(
             "Finished requests / s",
             "By finish reason.",
             "reqps",
             (
-                _Query(
+                Query(
                     f"sum by (finished_reason, {r}) ({p.rate(success)})",
                     f"{{{{finished_reason}}}} {{{{{r}}}}}",
                 ),
@@ -260,32 +260,32 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
         ),
     ]
     health = [
-        _PanelSpec(
+        PanelSpec(
             "Scrape targets up",
             "Targets whose last scrape succeeded, and all targets.",
             "short",
             (
-                _Query(f"sum by (job, {r}) (up{up_sel})", f"up {{{{job}}}} {{{{{r}}}}}"),
-                _Query(f"count by (job, {r}) (up{up_sel})", f"targets {{{{job}}}} {{{{{r}}}}}"),
+                Query(f"sum by (job, {r}) (up{up_sel})", f"up {{{{job}}}} {{{{{r}}}}}"),
+                Query(f"count by (job, {r}) (up{up_sel})", f"targets {{{{job}}}} {{{{{r}}}}}"),
             ),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Engines reporting",
             "Engines that exposed KV cache usage in the last scrape.",
             "short",
             (
-                _Query(
+                Query(
                     f"count by ({r}) ({p.sel(catalog.KV_USAGE)})",
                     f"engines {{{{{r}}}}}",
                 ),
             ),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Scrape duration",
             "Slowest scrape per job and role.",
             "s",
             (
-                _Query(
+                Query(
                     f"max by (job, {r}) (scrape_duration_seconds{up_sel})",
                     f"max {{{{job}}}} {{{{{r}}}}}",
                 ),
