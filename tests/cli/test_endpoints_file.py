@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import pytest
+
 from fleetscope import cli
 
 
@@ -104,7 +106,9 @@ def test_an_empty_file_that_stays_empty_is_applied(tmp_path: Path) -> None:
     assert c.calls == [[]]
 
 
-def test_a_file_that_keeps_changing_is_not_applied_and_warned(tmp_path: Path, caplog) -> None:
+def test_a_file_that_keeps_changing_is_not_applied_and_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     f = tmp_path / "fleet.txt"
     f.write_text(f"{A}\n")
     n = iter(range(100))
