@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -143,7 +143,7 @@ SGLANG_ROLE_LABEL = next(  # "engine_type", from the table's role evidence
     for f in FAMILIES
     if f.engine == "sglang" and f.role_evidence.startswith("label ")
 )
-SGLANG_ROLES: dict[str, str] = {"prefill": "prefill", "decode": "decode"}
+SGLANG_ROLES: dict[str, Literal["prefill", "decode"]] = {"prefill": "prefill", "decode": "decode"}
 #: labels of SGLang's radix-cache and storage collectors, whose ``dp_rank`` is 0 on every DP
 #: replica unless DP attention is on (``radix_cache_metric_labels``): in a body with several
 #: DP replicas, such a family with only ``dp_rank="0"`` is the sum of all replicas (endpoint)

@@ -13,10 +13,16 @@ the key separator ``/`` or the engine separator ``.``.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 #: an endpoint's (or engine's) role in a disaggregated fleet
 Role = Literal["prefill", "decode"]
+
+
+def is_role(text: str | None) -> TypeGuard[Role]:
+    """Whether ``text`` (a label value, an argument) names a role."""
+    return text in ("prefill", "decode")
+
 
 _ENDPOINT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*")
 

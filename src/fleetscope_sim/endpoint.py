@@ -19,10 +19,11 @@ import threading
 from prometheus_client import CollectorRegistry
 
 from .clock import ProcessState, SimClock
-from .endpoint_exposition import EndpointExposition, Mode, _EndpointCollector, _Labels
+from .endpoint_exposition import EndpointCollector, EndpointExposition, Mode
 from .endpoint_faults import EndpointFaultInjection, EndpointFaults
 from .endpoint_http import CONTENT_TYPE_LATEST, GARBAGE_BODY, EndpointHTTPAnswers, MetricsResponse
 from .engine import LoadProfile, Role, SimEngine
+from .exposition_rows import LabelPairs
 from .ledger import Ledger, SeriesKey, Truth
 from .rl import SimRL
 from .vllm_families import FAMILIES_BY_NAME, HTTP_FAMILIES, HTTP_HANDLERS
@@ -112,8 +113,8 @@ class SimEndpoint(EndpointExposition, EndpointHTTPAnswers, EndpointFaultInjectio
         #: serve ``render_fast()`` (identical bytes, cheaper) instead of ``render()``
         self.fast_render = True
         self._cache: tuple[int, bytes] | None = None
-        self._label_strings: dict[_Labels, str] = {}
-        self._child_label_cache: dict[tuple[str, str | None, SeriesKey], _Labels] = {}
+        self._label_strings: dict[LabelPairs, str] = {}
+        self._child_label_cache: dict[tuple[str, str | None, SeriesKey], LabelPairs] = {}
         self._headers: dict[str, tuple[str, str]] = {}
         self._huge_cache: tuple[int, float, bytes] | None = None
         self.truth = Truth(record_observations)
@@ -126,7 +127,7 @@ class SimEndpoint(EndpointExposition, EndpointHTTPAnswers, EndpointFaultInjectio
         #: the RL endpoints (/weight_info, /pause, /sleep, weight transfer ...): see rl.py
         self.rl = SimRL(self)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_EndpointCollector(self))
+        self.registry.register(EndpointCollector(self))
 
     # -- state --------------------------------------------------------------------------------
     def _reset_server_state(self, start_wall: float) -> None:

@@ -34,9 +34,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
-from prometheus_client.utils import floatToGoString
 
-from .exposition_rows import _histogram_rows, _Labels, _Row
+from .exposition_rows import LabelPairs, SampleRow, go_string, histogram_rows
 from .ledger import Ledger, SeriesKey
 from .vllm_families import (
     CACHE_CONFIG_INFO_LABELS,
@@ -56,10 +55,10 @@ if TYPE_CHECKING:
 
 Mode = Literal["single", "multiprocess"]
 
-_Family = tuple[str, str, str, list[_Row]]  # base name, type, help, rows
+FamilyRows = tuple[str, str, str, list[SampleRow]]  # base name, type, help, rows
 
 
-class _EndpointCollector(Collector):
+class EndpointCollector(Collector):
     """prometheus_client collector reading a ``SimEndpoint``'s frozen state."""
 
     def __init__(self, endpoint: EndpointExposition) -> None:
@@ -85,8 +84,8 @@ class EndpointExposition:
     _lock: threading.RLock
     _version: int
     _cache: tuple[int, bytes] | None
-    _label_strings: dict[_Labels, str]
-    _child_label_cache: dict[tuple[str, str | None, SeriesKey], _Labels]
+    _label_strings: dict[LabelPairs, str]
+    _child_label_cache: dict[tuple[str, str | None, SeriesKey], LabelPairs]
     _headers: dict[str, tuple[str, str]]
     _process: ProcessState
     _last_step_sim: float
@@ -129,7 +128,7 @@ class EndpointExposition:
     def _serialize_fast(self) -> bytes:
         parts: list[str] = []
         label_cache = self._label_strings
-        go = floatToGoString
+        go = go_string
         for base, kind, help_text, rows in self._families():
             header = self._headers.get(base)
             if header is None:
@@ -151,10 +150,10 @@ class EndpointExposition:
                 parts.extend(created_lines)
         return "".join(parts).encode("utf-8")
 
-    def _families(self) -> list[_Family]:
+    def _families(self) -> list[FamilyRows]:
         """Every family of the body in exposition order, as (base name, type, help, rows)."""
         single = self.mode == "single"
-        families: list[_Family] = []
+        families: list[FamilyRows] = []
         if single:
             families.extend(self._process_families())
         for spec in FAMILIES:
@@ -168,7 +167,7 @@ class EndpointExposition:
             families.sort(key=lambda f: MULTIPROCESS_KIND_ORDER[f[1]])
         return families
 
-    def _child_labels(self, engine: SimEngine, label: str | None, key: SeriesKey) -> _Labels:
+    def _child_labels(self, engine: SimEngine, label: str | None, key: SeriesKey) -> LabelPairs:
         cache_key = (engine.label, label, key)
         labels = self._child_label_cache.get(cache_key)
         if labels is None:
@@ -178,10 +177,10 @@ class EndpointExposition:
             self._child_label_cache[cache_key] = labels
         return labels
 
-    def _vllm_family(self, spec: FamilySpec, single: bool) -> _Family:
+    def _vllm_family(self, spec: FamilySpec, single: bool) -> FamilyRows:
         kind = spec.kind
         base = spec.name[:-6] if kind == "counter" else spec.name
-        rows: list[_Row] = []
+        rows: list[SampleRow] = []
         if kind == "counter":
             total, created = base + "_total", base + "_created"
             if spec.per_engine:
@@ -215,7 +214,7 @@ class EndpointExposition:
                 hist = engine.exported.histograms[spec.name][()]
                 hcreated = engine.created[(spec.name, ())] if single else None
                 labels = self._child_labels(engine, None, ())
-                _histogram_rows(rows, base, labels, hist, hcreated, single)
+                histogram_rows(rows, base, labels, hist, hcreated, single)
         return base, kind, spec.help, rows
 
     def _engine_series(
@@ -240,7 +239,7 @@ class EndpointExposition:
                     rows.append((e, key, series[key]))
         return rows
 
-    def _cache_config_labels(self, engine: SimEngine) -> _Labels:
+    def _cache_config_labels(self, engine: SimEngine) -> LabelPairs:
         cached = self._child_label_cache.get((engine.label, "cache_config_info", ()))
         if cached is not None:
             return cached
@@ -260,7 +259,7 @@ class EndpointExposition:
         self._child_label_cache[(engine.label, "cache_config_info", ())] = result
         return result
 
-    def _process_families(self) -> list[_Family]:
+    def _process_families(self) -> list[FamilyRows]:
         proc = self._process
         up = max(0.0, self._last_step_sim - proc.start_sim)
         values: dict[str, dict[SeriesKey, float]] = {
@@ -282,10 +281,10 @@ class EndpointExposition:
             "process_open_fds": {(): 34.0},
             "process_max_fds": {(): 20000.0},
         }
-        families: list[_Family] = []
+        families: list[FamilyRows] = []
         for spec in PROCESS_FAMILIES:
             base = spec.name[:-6] if spec.kind == "counter" else spec.name
-            rows: list[_Row] = []
+            rows: list[SampleRow] = []
             if spec.name == "python_info":
                 rows.append(("python_info", tuple(PYTHON_INFO_LABELS.items()), 1.0))
             else:
@@ -295,11 +294,11 @@ class EndpointExposition:
             families.append((base, spec.kind, spec.help, rows))
         return families
 
-    def _http_family(self, spec: FamilySpec, single: bool) -> _Family:
+    def _http_family(self, spec: FamilySpec, single: bool) -> FamilyRows:
         kind = spec.kind
         base = spec.name[:-6] if kind == "counter" else spec.name
         names = HTTP_LABEL_NAMES[spec.name]
-        rows: list[_Row] = []
+        rows: list[SampleRow] = []
         created_name = base + "_created"
         if kind == "counter":
             for key, value in self.exported.counters.get(spec.name, {}).items():
@@ -318,7 +317,7 @@ class EndpointExposition:
             for key, hist in self.exported.histograms.get(spec.name, {}).items():
                 labels = tuple(zip(names, key, strict=True))
                 created = self.created[(spec.name, key)] if single else None
-                _histogram_rows(rows, base, labels, hist, created, single)
+                histogram_rows(rows, base, labels, hist, created, single)
         return base, kind, spec.help, rows
 
 
@@ -326,7 +325,7 @@ def _escape_label_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def _label_string(labels: _Labels) -> str:
+def _label_string(labels: LabelPairs) -> str:
     """``{a="x",b="y"}`` with names sorted, as ``generate_latest`` writes labels."""
     if not labels:
         return ""

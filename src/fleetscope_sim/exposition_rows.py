@@ -3,20 +3,22 @@ families (:mod:`~fleetscope_sim.rl_metrics`): a row is ``(sample name, labels, v
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client.utils import floatToGoString
 
 from .ledger import HistogramCounts
 
 _INF = float("inf")
 
-_Labels = tuple[tuple[str, str], ...]
-_Row = tuple[str, _Labels, float]  # sample name, labels, value
+LabelPairs = tuple[tuple[str, str], ...]
+SampleRow = tuple[str, LabelPairs, float]  # sample name, labels, value
 
 
-def _histogram_rows(
-    rows: list[_Row],
+def histogram_rows(
+    rows: list[SampleRow],
     base: str,
-    labels: _Labels,
+    labels: LabelPairs,
     hist: HistogramCounts,
     created: float | None,
     single: bool,
@@ -38,11 +40,13 @@ def _histogram_rows(
         rows.append((base + "_count", labels, float(hist.count)))
 
 
+# prometheus_client's formatter is untyped: a typed name for it (the same function)
+go_string: Callable[[float], str] = floatToGoString
 _LE_STRINGS: dict[float, str] = {}
 
 
 def _le(bound: float) -> str:
     text = _LE_STRINGS.get(bound)
     if text is None:
-        text = _LE_STRINGS[bound] = floatToGoString(bound)
+        text = _LE_STRINGS[bound] = go_string(bound)
     return text

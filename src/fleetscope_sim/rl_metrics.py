@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .exposition_rows import _histogram_rows
+from .exposition_rows import histogram_rows
 from .hosts import RLHost
 from .ledger import HistogramCounts
 
@@ -120,7 +120,7 @@ class OperationMetrics:
         for op in ops:
             created = self.created[op] if single else None
             labels = (("operation", op),)
-            _histogram_rows(hist_rows, spec.name, labels, self.histograms[op], created, single)
+            histogram_rows(hist_rows, spec.name, labels, self.histograms[op], created, single)
         flights = list(self.in_flight) if single else sorted(self.in_flight)
         gauge_rows = [(spec.in_flight, (("operation", op),), self.in_flight[op]) for op in flights]
         out = [

@@ -24,8 +24,9 @@ from typing import Any
 
 from .clock import ProcessState
 from .endpoint import SimEndpoint
-from .endpoint_exposition import _Family, _histogram_rows, _Labels, _Row
+from .endpoint_exposition import FamilyRows
 from .engine import SimEngine
+from .exposition_rows import LabelPairs, SampleRow, histogram_rows
 from .ledger import Ledger
 from .sglang_engine import SglangEngine
 from .sglang_families import FAMILIES, SGLANG_VERSION, SglangFamily
@@ -63,8 +64,8 @@ class SglangEndpoint(SimEndpoint):
         """SGLang's HTTP families need ``--enable-http-metrics``: not simulated."""
 
     # -- rendering -----------------------------------------------------------------------------
-    def _families(self) -> list[_Family]:
-        families: list[_Family] = []
+    def _families(self) -> list[FamilyRows]:
+        families: list[FamilyRows] = []
         for spec in FAMILIES:
             rows = self._scheduler_rows(spec) if spec.owner == "scheduler" else self._tok_rows(spec)
             if rows:  # a multiprocess body has no family without samples
@@ -72,7 +73,7 @@ class SglangEndpoint(SimEndpoint):
                 families.append((base, spec.kind, spec.help, rows))
         return families
 
-    def _labels(self, engine: SimEngine | None, label: str | None, value: str | None) -> _Labels:
+    def _labels(self, engine: SimEngine | None, label: str | None, value: str | None) -> LabelPairs:
         key = ("" if engine is None else engine.label, label, (value,) if value else ())
         cached = self._child_label_cache.get(key)
         if cached is None:
@@ -84,8 +85,8 @@ class SglangEndpoint(SimEndpoint):
             self._child_label_cache[key] = cached
         return cached
 
-    def _scheduler_rows(self, spec: SglangFamily) -> list[_Row]:
-        rows: list[_Row] = []
+    def _scheduler_rows(self, spec: SglangFamily) -> list[SampleRow]:
+        rows: list[SampleRow] = []
         name = spec.name
         for engine in self.engines:
             if spec.kind == "counter":
@@ -95,7 +96,7 @@ class SglangEndpoint(SimEndpoint):
                 hist = engine.exported.histograms.get(name, {}).get(())
                 if hist is not None:
                     labels = self._labels(engine, None, None)
-                    _histogram_rows(rows, name, labels, hist, None, single=False)
+                    histogram_rows(rows, name, labels, hist, None, single=False)
             elif name in engine.gauges:
                 if engine.has_stepped:
                     rows.append((name, self._labels(engine, None, None), engine.gauges[name][()]))
@@ -104,8 +105,8 @@ class SglangEndpoint(SimEndpoint):
                 rows.append((name, self._labels(engine, None, None), engine.constants()[name]))
         return rows
 
-    def _tok_rows(self, spec: SglangFamily) -> list[_Row]:
-        rows: list[_Row] = []
+    def _tok_rows(self, spec: SglangFamily) -> list[SampleRow]:
+        rows: list[SampleRow] = []
         name = spec.name
         if spec.kind == "counter":
             for key, value in self.exported.counters.get(name, {}).items():
@@ -113,7 +114,7 @@ class SglangEndpoint(SimEndpoint):
         else:
             for key, hist in self.exported.histograms.get(name, {}).items():
                 labels = self._labels(None, spec.label, _first(key))
-                _histogram_rows(rows, name, labels, hist, None, single=False)
+                histogram_rows(rows, name, labels, hist, None, single=False)
         return rows
 
     # -- side routes -----------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def _first(key: tuple[str, ...]) -> str | None:
 
 def scheduler_labels(
     engine_type: str, model: str, dp_rank: str | None, label: str | None, value: str | None
-) -> _Labels:
+) -> LabelPairs:
     """A scheduler child's labels, sorted as the multiprocess collector writes them (TP, PP
     and MoE-EP rank 0: the rank that logs)."""
     labels = {
@@ -187,7 +188,9 @@ def scheduler_labels(
     return tuple(sorted(labels.items()))
 
 
-def tokenizer_labels(engine_type: str, model: str, label: str | None, value: str | None) -> _Labels:
+def tokenizer_labels(
+    engine_type: str, model: str, label: str | None, value: str | None
+) -> LabelPairs:
     """A tokenizer child's labels (no ranks: one tokenizer serves every replica)."""
     labels = {"engine_type": engine_type, "model_name": model}
     if label and value is not None:

@@ -141,7 +141,7 @@ def test_stop_on_signals_background_thread_mode_chains_previous_handler() -> Non
 
     calls: list[tuple[int, str]] = []
 
-    def previous(signum, frame):
+    def previous(signum, frame) -> None:
         calls.append((signum, threading.current_thread().name))
 
     old = signal.signal(signal.SIGUSR1, previous)
@@ -159,7 +159,7 @@ def test_stop_on_signals_background_thread_mode_chains_previous_handler() -> Non
         signal.signal(signal.SIGUSR1, old)
 
 
-def test_stop_on_signals_asyncio_mode_stops_a_real_collector(tmp_path: Path, sim_url: str):
+def test_stop_on_signals_asyncio_mode_stops_a_real_collector(tmp_path: Path, sim_url: str) -> None:
     """Asyncio mode: the signal schedules ``await collector.stop()``; the summary reaches the
     sink and the collector is closed."""
     import asyncio

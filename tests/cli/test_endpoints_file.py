@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import pytest
+
 from fleetscope import cli
 
 
@@ -42,7 +44,7 @@ def run_follower(path: Path, script, *, applied: str | None = None) -> FakeColle
 
     async def main() -> None:
         with contextlib.suppress(asyncio.CancelledError):
-            await cli._follow_endpoints_file(
+            await cli.follow_endpoints_file(
                 collector, str(path), [], 1.0, pause=pause, applied=applied
             )
 
@@ -104,7 +106,9 @@ def test_an_empty_file_that_stays_empty_is_applied(tmp_path: Path) -> None:
     assert c.calls == [[]]
 
 
-def test_a_file_that_keeps_changing_is_not_applied_and_warned(tmp_path: Path, caplog) -> None:
+def test_a_file_that_keeps_changing_is_not_applied_and_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     f = tmp_path / "fleet.txt"
     f.write_text(f"{A}\n")
     n = iter(range(100))

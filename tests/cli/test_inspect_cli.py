@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,7 +54,7 @@ def truth() -> dict[str, float]:
     return out
 
 
-def run_inspect(capsys, *extra: str) -> dict[str, float]:
+def run_inspect(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, float]:
     rc = cli.main(
         ["inspect", str(LOAD_PATH), str(AFTER_PATH), "--interval", str(INTERVAL), "--json", *extra]
     )
@@ -62,7 +63,9 @@ def run_inspect(capsys, *extra: str) -> dict[str, float]:
     return json.loads(out)
 
 
-def test_inspect_single_load_to_after_gives_the_true_values(capsys):
+def test_inspect_single_load_to_after_gives_the_true_values(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     keys = run_inspect(capsys)
     t = truth()
     assert t["generation"] == 1998 - 25 and t["prompt"] == 15472 - 2550  # sanity of the text
@@ -88,7 +91,7 @@ def test_inspect_single_load_to_after_gives_the_true_values(capsys):
     assert keys[f"{eng}/kv_cache_capacity_tokens"] == 524288.0
 
 
-def test_inspect_cli_as_a_subprocess():
+def test_inspect_cli_as_a_subprocess() -> None:
     proc = subprocess.run(
         [
             sys.executable,
@@ -117,7 +120,7 @@ def test_inspect_cli_as_a_subprocess():
     )
 
 
-def test_inspect_dp2_idle_to_load_reports_both_engines(capsys):
+def test_inspect_dp2_idle_to_load_reports_both_engines(capsys: pytest.CaptureFixture[str]) -> None:
     keys = json.loads(
         _run(capsys, VLLM_DIR / "dp2_idle.prom", VLLM_DIR / "dp2_load.prom", "--interval", "30")
     )
@@ -130,13 +133,13 @@ def test_inspect_dp2_idle_to_load_reports_both_engines(capsys):
     assert keys["inference/agg/engines_reporting"] == 2.0
 
 
-def _run(capsys, prev, cur, *extra) -> str:
+def _run(capsys: pytest.CaptureFixture[str], prev, cur, *extra) -> str:
     rc = cli.main(["inspect", str(prev), str(cur), "--json", *extra])
     assert rc == 0
     return capsys.readouterr().out
 
 
-def test_inspect_skyrl_schema_and_role(capsys):
+def test_inspect_skyrl_schema_and_role(capsys: pytest.CaptureFixture[str]) -> None:
     keys = run_inspect(capsys, "--schema", "skyrl", "--role", "decode")
     t = truth()
     assert keys["vllm/generation_throughput_tok_s"] == pytest.approx(t["generation"] / INTERVAL)
@@ -148,7 +151,9 @@ def test_inspect_skyrl_schema_and_role(capsys):
     )
 
 
-def test_inspect_bad_input_fails_cleanly(tmp_path, capsys):
+def test_inspect_bad_input_fails_cleanly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.prom"
     bad.write_bytes(AFTER.encode()[:-40])  # truncated
     rc = cli.main(["inspect", str(LOAD_PATH), str(bad), "--json"])
@@ -159,7 +164,7 @@ def test_inspect_bad_input_fails_cleanly(tmp_path, capsys):
     assert rc == 2
 
 
-def test_inspect_table_output(capsys):
+def test_inspect_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     rc = cli.main(
         ["inspect", str(LOAD_PATH), str(AFTER_PATH), "--filter", "generation_tokens_total:rate"]
     )
@@ -180,7 +185,7 @@ def _serve(handler_body):
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self):
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Transfer-Encoding", "chunked")
@@ -188,7 +193,7 @@ def _serve(handler_body):
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 handler_body(self.wfile)
 
-        def log_message(self, *a):
+        def log_message(self, *a) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -201,7 +206,7 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def test_inspect_endless_body_stops_at_the_cap(capsys):
+def test_inspect_endless_body_stops_at_the_cap(capsys: pytest.CaptureFixture[str]) -> None:
     """An endless body: inspect stops at the collector's cap (MAX_BODY_BYTES) and exits 2."""
     import time
 
@@ -209,7 +214,7 @@ def test_inspect_endless_body_stops_at_the_cap(capsys):
 
     line = b"# HELP x y\n" * 6000
 
-    def endless(w):
+    def endless(w) -> None:
         while True:
             w.write(_chunk(line))
 
@@ -227,7 +232,7 @@ def test_inspect_endless_body_stops_at_the_cap(capsys):
     assert took < 60  # stopped by the cap, not the deadline
 
 
-def test_inspect_trickling_body_stops_at_the_deadline(capsys):
+def test_inspect_trickling_body_stops_at_the_deadline(capsys: pytest.CaptureFixture[str]) -> None:
     """A body that never ends but never stalls long enough for a read timeout: the total
     deadline (--timeout) stops it."""
     import threading
@@ -235,7 +240,7 @@ def test_inspect_trickling_body_stops_at_the_deadline(capsys):
 
     stop = threading.Event()
 
-    def trickle(w):
+    def trickle(w) -> None:
         while not stop.is_set():
             w.write(_chunk(b"# x\n"))
             w.flush()

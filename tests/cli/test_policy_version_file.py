@@ -10,6 +10,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from test_cli_watch import DEADLINE_S, base_env, fleetscope_cmd, wait_until
 
 from fleetscope.cli._policy_file import PolicyVersionFile
@@ -137,7 +138,7 @@ class FakeCollector:
 
 
 def test_the_file_is_read_only_when_it_changes_and_empty_keeps_the_version(
-    tmp_path: Path, caplog
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     f = tmp_path / "v.txt"
     c = FakeCollector()

@@ -22,7 +22,7 @@ from fleetscope.sources.prometheus import PrometheusSource
 from fleetscope_sim import FleetServer, SimFleet
 
 
-def test_public_api_imports_from_the_top_level():
+def test_public_api_imports_from_the_top_level() -> None:
     f = fleetscope
     for name in ("Collector", "parse", "Endpoint", "JsonlSink", "ShardedCollector", "FleetView"):
         assert getattr(f, name) is not None
@@ -42,7 +42,7 @@ def test_public_api_imports_from_the_top_level():
     assert out.stdout.strip() == "[]"
 
 
-def test_engine_id_is_a_value_never_split():
+def test_engine_id_is_a_value_never_split() -> None:
     e = EngineId("rack1", "a.b")
     assert (e.endpoint, e.label, str(e)) == ("rack1", "a.b", "rack1.a.b")
     assert {e: 1}["rack1.a.b"] == 1  # usable where the rendered id is expected
@@ -52,12 +52,12 @@ def test_engine_id_is_a_value_never_split():
 
 
 @pytest.mark.parametrize("bad", ["rack1.gpu0", "a/b", "sp ace", ".x"])
-def test_endpoint_names_with_separators_are_refused(bad):
+def test_endpoint_names_with_separators_are_refused(bad) -> None:
     with pytest.raises(ValueError, match="endpoint name"):
         Endpoint("http://127.0.0.1:1", name=bad)
 
 
-async def test_removing_an_endpoint_drops_exactly_its_engines():
+async def test_removing_an_endpoint_drops_exactly_its_engines() -> None:
     """The bug of dotted names: the endpoint's own row looked like an engine of another
     endpoint and its baselines were never dropped. With EngineId values, removing ``rack1``
     drops every row of ``rack1`` and nothing of ``rack10``."""
@@ -81,7 +81,7 @@ async def test_removing_an_endpoint_drops_exactly_its_engines():
     assert all(isinstance(e, EngineId) for e in view.engines)
 
 
-def test_every_source_implements_the_one_protocol():
+def test_every_source_implements_the_one_protocol() -> None:
     assert isinstance(HttpSource(), Source) and isinstance(HttpSource(), MembershipSource)
     assert isinstance(PrometheusSource("http://127.0.0.1:9"), Source)
     from fleetscope.sources.ray.source import RaySource
@@ -89,7 +89,7 @@ def test_every_source_implements_the_one_protocol():
     assert isinstance(RaySource(), Source)
 
 
-def test_endpoints_and_a_source_together_are_refused():
+def test_endpoints_and_a_source_together_are_refused() -> None:
     with pytest.raises(ValueError, match="not both"):
         Collector(["http://127.0.0.1:1"], source=PrometheusSource("http://127.0.0.1:9"))
 
@@ -119,7 +119,7 @@ def _prometheus_transport(state: dict[str, float]) -> httpx.MockTransport:
     return httpx.MockTransport(handler)
 
 
-async def test_prometheus_source_times_are_this_process_monotonic_clock():
+async def test_prometheus_source_times_are_this_process_monotonic_clock() -> None:
     """``ScrapeResult.time`` is this process' monotonic clock for every source (the target's
     wall scrape time translated), ``wall_time`` the target's own: a window still open at
     ``stop()`` gets its active seconds (it got 0 when the source filled ``time`` with wall
@@ -148,32 +148,32 @@ class _AllHooks:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def log(self, metrics, *, step, wall_time):
+    def log(self, metrics, *, step, wall_time) -> None:
         self.calls.append("log")
 
-    def log_poll(self, result):
+    def log_poll(self, result) -> None:
         self.calls.append("log_poll")
 
-    def log_events(self, events):
+    def log_events(self, events) -> None:
         self.calls.append("log_events")
 
-    def log_summary(self, summary):
+    def log_summary(self, summary) -> None:
         self.calls.append("log_summary")
 
-    def on_window_start(self, label):
+    def on_window_start(self, label) -> None:
         self.calls.append(f"start:{label}")
 
-    def on_window_stop(self, label):
+    def on_window_stop(self, label) -> None:
         self.calls.append(f"stop:{label}")
 
-    def on_run_end(self, status):
+    def on_run_end(self, status) -> None:
         self.calls.append(f"end:{status}")
 
-    def close(self):
+    def close(self) -> None:
         self.calls.append("close")
 
 
-async def test_declared_sink_hooks_are_all_called_in_order():
+async def test_declared_sink_hooks_are_all_called_in_order() -> None:
     sink = _AllHooks()
     assert all(isinstance(sink, p) for p in (Sink, PollSink, EventSink, WindowSink, RunSink))
     fleet = SimFleet(seed=1)
@@ -191,7 +191,7 @@ async def test_declared_sink_hooks_are_all_called_in_order():
     assert calls[-2:] == ["end:failed", "close"]
 
 
-async def test_sharded_shards_receive_every_option():
+async def test_sharded_shards_receive_every_option() -> None:
     """Headers, TLS verification, the body cap and model groups reach every shard (they were
     dropped when shards built their own HTTP source from two options)."""
     from fleetscope.collector.sharded import ShardedCollector

@@ -77,7 +77,7 @@ class Rig:
         collector: Collector,
         caplog: pytest.LogCaptureFixture,
         timeout: float = TIMEOUT,
-    ):
+    ) -> None:
         self.fleet = fleet
         self.server = server
         self.collector = collector

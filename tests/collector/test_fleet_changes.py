@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
@@ -53,7 +54,7 @@ def endpoints_of(view: FleetView) -> set[str]:
     return {e.endpoint for e in view.engines.values()}
 
 
-async def test_window_totals_stay_exact_as_endpoints_come_and_go():
+async def test_window_totals_stay_exact_as_endpoints_come_and_go() -> None:
     async with rig() as (fleet, urls):
         c = collector([Endpoint(urls["server0"], "server0")])
         try:
@@ -98,7 +99,7 @@ async def test_window_totals_stay_exact_as_endpoints_come_and_go():
     assert keys["inference/train/failed_scrapes"] == 0.0
 
 
-async def test_a_removed_server_added_again_starts_afresh_under_a_new_name():
+async def test_a_removed_server_added_again_starts_afresh_under_a_new_name() -> None:
     async with rig(2) as (fleet, urls):
         c = collector(list(urls.values()))
         try:
@@ -135,7 +136,7 @@ async def test_a_removed_server_added_again_starts_afresh_under_a_new_name():
     assert keys["inference/eval/coverage"] == pytest.approx(1.0, abs=1e-12)
 
 
-async def test_fleet_changes_are_checked():
+async def test_fleet_changes_are_checked() -> None:
     async with rig(2) as (_fleet, urls):
         c = collector([Endpoint(urls["server0"], "server0")])
         try:
@@ -155,7 +156,7 @@ async def test_fleet_changes_are_checked():
             await c.stop()
 
 
-async def test_an_empty_collector_can_be_filled_from_another_thread():
+async def test_an_empty_collector_can_be_filled_from_another_thread() -> None:
     """A trainer may create the collector before its servers exist, run it in the background,
     and add servers as they come up, from its own thread."""
     async with rig(1) as (_fleet, urls):
@@ -184,7 +185,7 @@ def _engines_in(poll: dict) -> set[str]:
     return out
 
 
-def test_watch_follows_an_endpoints_file(tmp_path):
+def test_watch_follows_an_endpoints_file(tmp_path: Path) -> None:
     """``fleetscope watch --endpoints-file``: the file is re-read when it changes; servers
     added and removed there are watched and dropped; a broken file keeps the fleet as it was,
     with a warning naming the file."""
@@ -278,7 +279,7 @@ def test_watch_follows_an_endpoints_file(tmp_path):
 # --------------------------------------------------------------------------- coverage rules
 
 
-def test_a_new_process_is_expected_only_from_its_start():
+def test_a_new_process_is_expected_only_from_its_start() -> None:
     """An engine first seen counting from 0 (its process started inside the interval: a
     scale-up, a restarted Ray actor's new worker) did not exist before: a window expects it
     from the start of that interval, not from the window's start. One that leaves for good is

@@ -319,7 +319,7 @@ async def test_healthy_fleet_reports_nothing(
 class _Stats:
     """The parts of PollStats that HealthMonitor reads, for the streak rules."""
 
-    def __init__(self, rows: dict[str, dict[str, float]], seconds: float = 5.0):
+    def __init__(self, rows: dict[str, dict[str, float]], seconds: float = 5.0) -> None:
         self.engine_ids = list(rows)
         self.is_engine = [True] * len(rows)
         self.seconds = np.full(len(rows), seconds)
@@ -333,7 +333,7 @@ class _Stats:
 
 
 class _Result:
-    def __init__(self, rows: dict[str, dict[str, float]]):
+    def __init__(self, rows: dict[str, dict[str, float]]) -> None:
         self.stats = _Stats(rows)
         self.scrapes: list = []
 

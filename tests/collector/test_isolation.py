@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -101,7 +102,7 @@ async def test_a_killed_child_is_restarted_with_its_state_and_the_window_continu
     assert keys["inference/train/coverage"] < 1.0  # the unseen step is not hidden
 
 
-def test_the_child_never_outlives_the_trainer(tmp_path) -> None:
+def test_the_child_never_outlives_the_trainer(tmp_path: Path) -> None:
     """SIGKILL the trainer: the kernel kills the child (PR_SET_PDEATHSIG)."""
     fleet = SimFleet.build(1, seed=1)
     fleet.step(2.0)
@@ -134,7 +135,7 @@ def test_the_child_never_outlives_the_trainer(tmp_path) -> None:
                 trainer.kill()
 
 
-def test_sigint_to_the_process_group_still_gives_the_run_summary(tmp_path) -> None:
+def test_sigint_to_the_process_group_still_gives_the_run_summary(tmp_path: Path) -> None:
     """Ctrl-C reaches every process of the terminal's group: the child ignores it, so the
     trainer's own shutdown still takes its last poll and summary through the child."""
     fleet = SimFleet.build(1, seed=2)

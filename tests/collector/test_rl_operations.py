@@ -83,12 +83,12 @@ def _from_text(before: str, after: str, series: str) -> float:
     return sample_values(after, pattern)[0] - (was[0] if was else 0.0)
 
 
-def test_operation_is_a_breakdown_label():
+def test_operation_is_a_breakdown_label() -> None:
     assert "operation" in BREAKDOWN_LABELS
 
 
 @pytest.mark.parametrize("run", sorted(RUNS))
-def test_counts_per_operation_are_the_calls(run: str):
+def test_counts_per_operation_are_the_calls(run: str) -> None:
     keys = _observe(run)
     expected = _expected_counts(run)
     assert {op for _, op in expected} >= {"init", "update", "finish", "sleep", "wake"}
@@ -111,7 +111,7 @@ def test_counts_per_operation_are_the_calls(run: str):
 
 
 @pytest.mark.parametrize("run", sorted(RUNS))
-def test_rl_families_belong_to_the_endpoint_not_engine_0(run: str):
+def test_rl_families_belong_to_the_endpoint_not_engine_0(run: str) -> None:
     keys = _observe(run)
     engines = {"single": ["single.0"], "dp2": ["dp2.0", "dp2.1"]}[run]
     for e in engines:
@@ -125,7 +125,7 @@ def test_rl_families_belong_to_the_endpoint_not_engine_0(run: str):
         assert keys[f"inference/{e}/engine_sleep_state{{sleep_state=awake}}"] == 1.0
 
 
-def test_policy_versions_are_ordered_by_first_announcement():
+def test_policy_versions_are_ordered_by_first_announcement() -> None:
     from fleetscope.rl.versions import PolicyVersions
 
     v = PolicyVersions(stale_seconds=10.0)
@@ -141,7 +141,7 @@ def test_policy_versions_are_ordered_by_first_announcement():
 
 
 @pytest.mark.parametrize("run", sorted(RUNS))
-def test_per_endpoint_calls_seconds_and_quantiles_per_operation(run: str):
+def test_per_endpoint_calls_seconds_and_quantiles_per_operation(run: str) -> None:
     """Per endpoint and operation, every poll: the calls and seconds between the two scrapes
     and p50/p90/p99 by PromQL's rules over the bucket increases, all read independently from
     the recorded bodies' text; the fleet's exact seconds per operation too."""

@@ -18,7 +18,9 @@ from fleetscope_sim import FleetServer, SimFleet
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
 
-async def test_the_stale_share_is_over_tokens_of_known_version_and_unknown_ones_are_beside_it():
+async def test_the_stale_share_is_over_tokens_of_known_version_and_unknown_ones_are_beside_it() -> (
+    None
+):
     """server0 current, server2 stale, server1 (dp=2) unknown (no ``/weight_info``: dev mode
     off). The stale share divides by server0 + server2 only; server1's tokens are reported as
     ``unknown_version_generation_tokens`` / ``_share``, per poll, per window and in the run
@@ -71,7 +73,7 @@ async def test_the_stale_share_is_over_tokens_of_known_version_and_unknown_ones_
     assert summary[s + "unknown_version_generation_share"] == (unknown + pre) / (total + pre)
 
 
-async def test_engines_ahead_of_the_trainer_are_not_stale_and_lag_zero_at_most():
+async def test_engines_ahead_of_the_trainer_are_not_stale_and_lag_zero_at_most() -> None:
     """The trainer rolls back to an earlier version while every engine serves the later one:
     each endpoint's own lag is negative (it is ahead), but none is stale and the largest lag
     is 0, never negative."""
@@ -166,7 +168,7 @@ def test_a_version_announced_from_a_trainer_thread_is_reported_at_the_next_poll(
     assert summary["inference_summary/rl/policy_versions"] == 2
 
 
-async def test_versions_per_role_per_endpoint_in_windows_and_the_run_summary():
+async def test_versions_per_role_per_endpoint_in_windows_and_the_run_summary() -> None:
     """Two decode servers (one dp=2) and a prefill server. server1 misses ``v1`` for one
     interval of a window, then catches up. Per poll: per role the stale engines, largest lag
     and stale share (tokens to the token, from the simulator's truth), per endpoint the served

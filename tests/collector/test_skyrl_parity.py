@@ -538,7 +538,7 @@ def test_identity_lookup_is_bounded_by_10_seconds_by_default() -> None:
 class _Agents(HttpSource):
     """Ray agents' bodies by URL, from memory (the real parser and identity labels)."""
 
-    def __init__(self, bodies: dict[str, str]):
+    def __init__(self, bodies: dict[str, str]) -> None:
         super().__init__(identity_labels=RAY_AGENT_IDENTITY)
         self.bodies = bodies
 

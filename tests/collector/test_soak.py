@@ -29,7 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from fleetscope.collector.core import Collector
 from fleetscope.identity import EngineId
 from fleetscope.sources.http.source import Endpoint
-from fleetscope.stats.accumulate import Accumulator, _EngineSum
+from fleetscope.stats.accumulate import Accumulator
+from fleetscope.stats.engine_sum import EngineSum
 from fleetscope_sim import FleetServer, SimFleet
 from support.simclock import keep_clock_ahead
 
@@ -175,7 +176,7 @@ class Oracle:
                 self.last[eid][f] = now[f]
 
 
-def engine_totals(row: _EngineSum) -> dict[str, float]:
+def engine_totals(row: EngineSum) -> dict[str, float]:
     """A window's / run label's totals of one engine row, per family (every child, and the
     children retired from the current layout)."""
     out = dict.fromkeys(FAMILIES, 0.0)

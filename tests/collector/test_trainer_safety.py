@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -134,7 +135,7 @@ class BlockingSink:
         time.sleep(120)
 
 
-def test_a_blocked_sink_never_stops_polling_nor_a_window(tmp_path) -> None:
+def test_a_blocked_sink_never_stops_polling_nor_a_window(tmp_path: Path) -> None:
     """A sink blocked in ``log`` and hanging in ``close``: polling goes on, the other sink gets
     every poll, window calls return at once and stay consistent, the drops are counted in a
     key, and ``stop`` returns within its bound."""

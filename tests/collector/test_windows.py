@@ -122,7 +122,9 @@ def window_totals(keys: dict, base: str, scope: str = "agg") -> dict[str, float]
     return {m: keys.get(f"{base}/{scope}/{m}/delta", math.nan) for m in COUNTERS}
 
 
-async def step_and_poll(r: Rig, c: Collector, n: int = 1, dt: float = 1.0, pause: float = 0.02):
+async def step_and_poll(
+    r: Rig, c: Collector, n: int = 1, dt: float = 1.0, pause: float = 0.02
+) -> None:
     for _ in range(n):
         r.fleet.step(dt)
         await asyncio.sleep(pause)  # a little real time: active seconds are not ~0
@@ -511,7 +513,7 @@ async def test_resumed_collector_continues_the_run_summary(tmp_path: Path) -> No
         whole = r.collector()
         first = r.collector()
 
-        async def both(fn):
+        async def both(fn) -> None:
             await fn(whole)
             await fn(first)
 
@@ -640,7 +642,7 @@ async def test_disaggregated_tails_are_role_aware() -> None:
 
 
 @pytest.mark.inline_only  # reads in-process internals
-async def test_boundary_rows_show_no_rates_over_a_sliver(tmp_path) -> None:
+async def test_boundary_rows_show_no_rates_over_a_sliver(tmp_path: Path) -> None:
     """A boundary scrape a moment after the regular poll made every chart dip (a rate over a
     fraction of a second: 0 tok/s, and 2x in the row before). The boundary row carries the
     window keys and instant values only; the next regular row shows the increase and the
@@ -676,7 +678,7 @@ async def test_boundary_rows_show_no_rates_over_a_sliver(tmp_path) -> None:
     assert view.keys["inference/agg/generation_tokens_total:rate/sum"] > 0
 
 
-async def test_a_window_open_at_checkpoint_keeps_its_first_part(tmp_path) -> None:
+async def test_a_window_open_at_checkpoint_keeps_its_first_part(tmp_path: Path) -> None:
     """``state_dict()`` while a window is open, ``load_state_dict()`` into a new collector:
     the window goes on and its totals are the pre-checkpoint part plus what follows (the
     pre-checkpoint part was lost)."""

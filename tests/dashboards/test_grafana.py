@@ -24,6 +24,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -185,7 +186,7 @@ def test_substitute_variables() -> None:
     )
 
 
-def test_cli_writes_dashboard(tmp_path) -> None:
+def test_cli_writes_dashboard(tmp_path: Path) -> None:
     out = tmp_path / "dash.json"
     argv = ["dashboard", "grafana", "--out", str(out), "--datasource", "abc", "--title", "X"]
     assert cli_main([*argv, "--metric-prefix", "vllm:"]) == 0

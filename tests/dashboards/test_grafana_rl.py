@@ -165,10 +165,10 @@ def test_every_queried_name_is_in_the_catalog() -> None:
     unknown = sorted(n for n in names if family_of_series(n) is None)
     assert not unknown, unknown
     # a name the catalog lacks is refused at build time, not drawn as an empty panel
-    from fleetscope.dashboards._grafana_panels import _Promql
+    from fleetscope.dashboards._grafana_panels import Promql
 
     with pytest.raises(ValueError, match="catalog"):
-        _Promql(None, "role", "job", "role").sel("num_requests_runnin")
+        Promql(None, "role", "job", "role").sel("num_requests_runnin")
 
 
 def test_sglang_gauges_count_each_engine_once_and_split_by_engine_type(prom) -> None:

@@ -51,7 +51,9 @@ def _paths(good: str, bad: str):
         (r"^vllm:time_to_first_token_seconds_count\{", TTFT),
     ],
 )
-def test_bad_cumulative_values_are_rejected_the_same_on_every_parse_path(value, pattern, series):
+def test_bad_cumulative_values_are_rejected_the_same_on_every_parse_path(
+    value, pattern, series
+) -> None:
     bad = set_values(AFTER, pattern, value)
     reason = {"+Inf": "+Inf", "-Inf": "-Inf", "NaN": "NaN", "-1.0": "negative"}[value]
     results = _paths(AFTER, bad)
@@ -70,7 +72,7 @@ def test_bad_cumulative_values_are_rejected_the_same_on_every_parse_path(value, 
 
 
 @pytest.mark.parametrize("value", ["+Inf", "-Inf", "NaN"])
-def test_non_finite_histogram_sum_is_invalid_a_negative_one_is_not(value):
+def test_non_finite_histogram_sum_is_invalid_a_negative_one_is_not(value) -> None:
     pat = r"^vllm:time_to_first_token_seconds_sum\{"
     for expo in _paths(AFTER, set_values(AFTER, pat, value)):
         assert [i.series for i in expo.invalid] == [TTFT]
@@ -79,7 +81,7 @@ def test_non_finite_histogram_sum_is_invalid_a_negative_one_is_not(value):
         assert expo["0"].value(TTFT + "_sum") == -2.5
 
 
-def test_plus_inf_on_a_new_endpoints_first_scrape_is_no_false_restart_nor_a_late_series():
+def test_plus_inf_on_a_new_endpoints_first_scrape_is_no_false_restart_nor_a_late_series() -> None:
     b = Baselines()
     p = Parser()
     first = p.parse(set_values(LOAD, GEN, "+Inf"), time=0.0, wall_time=WALL)["0"]
@@ -100,7 +102,7 @@ def _poll(state, parser, body, t, name="server0"):
     return state.observe([ScrapeResult(name, expo, t, WALL + t)]), expo
 
 
-def test_nan_counter_scrape_keeps_the_baseline_and_the_next_delta_is_exact():
+def test_nan_counter_scrape_keeps_the_baseline_and_the_next_delta_is_exact() -> None:
     """The NaN scrape is valid for every other series; the next valid value of the bad series
     is compared with its last valid one, and its rate divides by the 10 s that spans."""
     state, p = FleetState(), Parser()
@@ -133,7 +135,7 @@ def _flip_body(kind: str, x: float, y: float) -> str:
     )
 
 
-def test_a_family_whose_type_flips_gets_no_delta_and_is_reported():
+def test_a_family_whose_type_flips_gets_no_delta_and_is_reported() -> None:
     """x: counter 400 -> gauge 800 -> counter 800. Aligning by id alone counted 400 (800 - the
     gauge's 400... of another kind); the flip is a fresh baseline: no delta, reported."""
     b, p = Baselines(), Parser()
@@ -159,7 +161,7 @@ def _stamp(body: str, ts: str, every: int = 1) -> str:
 
 
 @pytest.mark.parametrize("ts, every", [("1700000000000", 1), ("1700000000000", 3)])
-def test_sample_timestamps_in_text_0_0_4_parse_on_every_path(ts, every):
+def test_sample_timestamps_in_text_0_0_4_parse_on_every_path(ts, every) -> None:
     stamped = _stamp(AFTER, ts, every)
     want = Parser(share_templates=False).parse(AFTER)["0"]
     p = Parser(share_templates=False)
@@ -186,7 +188,7 @@ vllm:h_sum{{engine="0"}} 3.5 1700000000.5
 """
 
 
-def test_sample_timestamps_in_openmetrics_parse_on_repeated_scrapes():
+def test_sample_timestamps_in_openmetrics_parse_on_repeated_scrapes() -> None:
     p = Parser(share_templates=False)
     a = p.parse(OPENMETRICS.format(x=12))["0"]
     b = p.parse(OPENMETRICS.format(x=13))["0"]
@@ -212,7 +214,7 @@ def _cut_after(body: str, pattern: str) -> str:
         (r'^vllm:time_to_first_token_seconds_bucket\{.*le="\+Inf"', "no _count"),
     ],
 )
-def test_a_histogram_cut_short_is_left_out_and_reported(cut, reason):
+def test_a_histogram_cut_short_is_left_out_and_reported(cut, reason) -> None:
     body = _cut_after(AFTER, cut)
     p = Parser(share_templates=False)
     for expo in (p.parse(body), p.parse(body)):
@@ -235,7 +237,7 @@ def test_a_histogram_cut_short_is_left_out_and_reported(cut, reason):
 LENGTH_LINES = r'^vllm:request_success_(total|created)\{.*"length"'
 
 
-def test_late_series_created_before_the_previous_scrape_is_only_a_baseline():
+def test_late_series_created_before_the_previous_scrape_is_only_a_baseline() -> None:
     prev_body = drop_lines(LOAD, LENGTH_LINES)
     prev = Parser().parse(prev_body, time=0.0, wall_time=WALL)["0"]
     # the capture's `_created` (process start) is long before the previous scrape
@@ -252,7 +254,7 @@ def test_late_series_created_before_the_previous_scrape_is_only_a_baseline():
     assert d.delta[d.layout.index[sid]] == 49.0
 
 
-def test_restart_observed_seconds_is_the_new_process_life():
+def test_restart_observed_seconds_is_the_new_process_life() -> None:
     cur_body = set_values(AFTER, r"^vllm:\w+(_total|_bucket|_count|_sum)\{", lambda v: v * 0.1)
     cur_body = set_values(cur_body, r"^process_start_time_seconds$", WALL + 6.0)
     cur_body = set_values(cur_body, r"^vllm:\w+_created\{", WALL + 6.5)
@@ -266,7 +268,7 @@ def test_restart_observed_seconds_is_the_new_process_life():
     assert d.observed_seconds == 10.0 and not d.tail_unseen and not d.restarted
 
 
-def test_dp_restart_without_start_evidence_needs_two_core_counters_to_drop():
+def test_dp_restart_without_start_evidence_needs_two_core_counters_to_drop() -> None:
     """Multiprocess / DP bodies: no `_created`, no process start. One core counter dropping is
     a series reset (test_deltas keeps that); prompt *and* generation tokens dropping is the
     engine's restart, whose unseen tail makes observed_seconds 0."""
@@ -286,7 +288,7 @@ def test_dp_restart_without_start_evidence_needs_two_core_counters_to_drop():
     assert d.observed_seconds == 5.0
 
 
-def test_continuity_unknown_keeps_deltas_but_observes_nothing():
+def test_continuity_unknown_keeps_deltas_but_observes_nothing() -> None:
     b, p = Baselines(), Parser()
     b.advance("e", p.parse(LOAD, time=0.0, wall_time=WALL)["0"])
     d = b.advance("e", p.parse(AFTER, time=10.0, wall_time=WALL + 10)["0"], continuity_unknown=True)
@@ -294,7 +296,7 @@ def test_continuity_unknown_keeps_deltas_but_observes_nothing():
     assert d.delta[d.layout.index[GEN_ID]] == sample_value(AFTER, GEN) - sample_value(LOAD, GEN)
 
 
-def test_a_type_change_never_takes_the_fast_path_also_with_timestamps():
+def test_a_type_change_never_takes_the_fast_path_also_with_timestamps() -> None:
     """A changed `# TYPE` line is a full parse (a new layout), also in a timestamped body where
     the fast path's second split (value, timestamp) is in use."""
     body = _stamp(_flip_body("counter", 1, 1), "1700000000000")

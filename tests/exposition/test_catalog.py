@@ -30,7 +30,7 @@ def unit(u: str) -> str:
     return {"s": "seconds", "ratio": "ratio"}.get(u, u)
 
 
-def test_table_is_one_row_per_family():
+def test_table_is_one_row_per_family() -> None:
     assert len(FAMILY_BY_NAME) == len(FAMILIES)
     for f in FAMILIES:
         assert f.engine in ("vllm", "sglang") and f.name.startswith(f.engine + ":")
@@ -39,7 +39,7 @@ def test_table_is_one_row_per_family():
         assert not (f.rename and f.fallback)
 
 
-def test_every_defined_family_is_in_the_table():
+def test_every_defined_family_is_in_the_table() -> None:
     for e in SG_FAMILIES:
         f = FAMILY_BY_NAME[base(e["name"], e["type"])]
         assert f.engine == "sglang" and f.type == e["type"]
@@ -54,7 +54,7 @@ def test_every_defined_family_is_in_the_table():
     assert {f.name for f in FAMILIES if f.first == "0.33.0"} == {base(n, "counter") for n in new}
 
 
-def test_mappings_keep_type_and_unit():
+def test_mappings_keep_type_and_unit() -> None:
     for f in FAMILIES:
         if f.canonical is None:
             continue
@@ -71,7 +71,7 @@ def test_mappings_keep_type_and_unit():
             assert not target.deprecated
 
 
-def test_deprecated_kv_offload_families_keep_their_names_and_transfer_type():
+def test_deprecated_kv_offload_families_keep_their_names_and_transfer_type() -> None:
     for name in (
         "vllm:kv_offload_total_bytes",
         "vllm:kv_offload_total_time",
@@ -84,7 +84,7 @@ def test_deprecated_kv_offload_families_keep_their_names_and_transfer_type():
         assert canonical_family(name) == (name, False)
 
 
-def test_sglang_label_roles():
+def test_sglang_label_roles() -> None:
     roles = FAMILY_BY_NAME["sglang:realtime_tokens"].label_roles()
     assert roles["dp_rank"] == "identity" and roles["tp_rank"] == "rank"
     assert roles["mode"] == "breakdown" and roles["model_name"] == "summed"
@@ -100,7 +100,7 @@ def test_sglang_label_roles():
     assert canonical_family("ray_sglang_num_running_reqs")[0] == "vllm:num_requests_running"
 
 
-def test_ratio_specs_name_families_of_the_table():
+def test_ratio_specs_name_families_of_the_table() -> None:
     names = {catalog.FAMILY_BY_NAME[f].parsed_name for f in catalog.FAMILY_BY_NAME}
     metrics = {n.split(":", 1)[1] for n in names}
     for spec in catalog.RATIOS:
@@ -139,7 +139,7 @@ def _exposed_families(text: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("path", BODIES, ids=lambda p: str(p.relative_to(DATA)))
-def test_every_family_in_the_recorded_bodies_is_mapped_or_passed_through(path):
+def test_every_family_in_the_recorded_bodies_is_mapped_or_passed_through(path) -> None:
     text = path.read_text()
     expo = parse(text)
     parsed = _parsed_families(expo)
@@ -161,7 +161,7 @@ def test_every_family_in_the_recorded_bodies_is_mapped_or_passed_through(path):
             assert b not in parsed or b in catalog.KEEP_OWN_NAME
 
 
-def test_sglang_body_labels_are_in_the_table():
+def test_sglang_body_labels_are_in_the_table() -> None:
     truth = json.loads((DATA / "sglang-0.5.23" / "truth.json").read_text())
     for case in truth.values():
         for kind in ("counters", "gauges", "histograms"):
@@ -172,7 +172,7 @@ def test_sglang_body_labels_are_in_the_table():
                 assert set(s["labels"]) - {"pid"} <= set(f.labels.split()), (s["name"], s["labels"])
 
 
-def test_the_names_every_stage_reads_are_catalog_families_with_sglang_equivalents():
+def test_the_names_every_stage_reads_are_catalog_families_with_sglang_equivalents() -> None:
     """The view, health, the terminal, the keys and the dashboards read metric names from the
     catalog's constants; each names a vLLM family of the table, and each headline one has an
     SGLang family parsed under it (so the same stage reads both engines)."""
@@ -207,7 +207,7 @@ def test_the_names_every_stage_reads_are_catalog_families_with_sglang_equivalent
     assert catalog.family_of_series("vllm:not_a_family_total") is None
 
 
-def test_role_evidence_is_in_the_table():
+def test_role_evidence_is_in_the_table() -> None:
     """Which families tell an engine's role is table data: SGLang's role label on every family
     that carries it, vLLM's KV-consumer gauge (a decode server); the code reads it from there."""
     assert catalog.SGLANG_ROLE_LABEL == "engine_type"

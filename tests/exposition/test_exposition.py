@@ -70,7 +70,7 @@ def _le(v: str) -> str:
 class Reference:
     """What docs/rules.md §2 says a body holds, built from prometheus_client's families."""
 
-    def __init__(self, families: Iterable, *, ray: bool | None = None):
+    def __init__(self, families: Iterable, *, ray: bool | None = None) -> None:
         fams = list(families)
         if ray is None:
             ray = any(f.name.startswith(("ray_vllm_", "ray_sglang_")) for f in fams)
@@ -198,7 +198,7 @@ def _client_families(path) -> tuple:
 
 
 @pytest.mark.parametrize("path", ALL_FIXTURES, ids=lambda p: p.name)
-def test_fixture_matches_prometheus_client_parser(path):
+def test_fixture_matches_prometheus_client_parser(path) -> None:
     body = path.read_text(encoding="utf-8")
     ref = Reference(_client_families(path))
     parser = Parser(share_templates=False)  # a full parse first, whatever ran before
@@ -217,7 +217,7 @@ def test_fixture_matches_prometheus_client_parser(path):
 
 
 @pytest.mark.parametrize("path", ALL_FIXTURES, ids=lambda p: p.name)
-def test_every_vllm_sample_summed_per_engine_equals_ours(path):
+def test_every_vllm_sample_summed_per_engine_equals_ours(path) -> None:
     """The brief's literal check: every vllm sample value, summed per engine over the labels
     that are neither identity nor breakdown, equals our value."""
     body = path.read_text(encoding="utf-8")
@@ -247,7 +247,7 @@ def test_every_vllm_sample_summed_per_engine_equals_ours(path):
         assert expo[eng][sid] == v, (eng, sid)
 
 
-def test_single_engine_capture_facts():
+def test_single_engine_capture_facts() -> None:
     after = fixture_text("single_after.prom")
     expo = parse(after)
     assert list(expo) == ["0"]
@@ -272,7 +272,7 @@ def test_single_engine_capture_facts():
     assert expo.types["vllm:iteration_tokens_total"] == "histogram"
 
 
-def test_dp2_capture_engines_and_missing_gauges():
+def test_dp2_capture_engines_and_missing_gauges() -> None:
     idle = parse(fixture_text("dp2_idle.prom"))
     load = parse(fixture_text("dp2_load.prom"))
     assert list(idle) == list(load) == ["0", "1"]
@@ -287,7 +287,7 @@ def test_dp2_capture_engines_and_missing_gauges():
     assert load["1"].value("vllm:generation_tokens_total") == 267
 
 
-def test_ray_vllm_capture_uses_worker_identity():
+def test_ray_vllm_capture_uses_worker_identity() -> None:
     expo = parse(fixture_text("ray_vllm_default.prom"))
     (engine,) = list(expo)
     assert engine == "ea26d7d655c30240dc3cea91ba766d625894e49beef7c51648db34c0/0"
@@ -301,7 +301,7 @@ def test_ray_vllm_capture_uses_worker_identity():
 # --------------------------------------------------------------------------- named rules
 
 
-def test_iteration_tokens_total_is_a_histogram():
+def test_iteration_tokens_total_is_a_histogram() -> None:
     for name in ("single_after.prom", "dp2_load.prom", "ray_vllm_default.prom"):
         expo = parse(fixture_text(name))
         for snap in expo.values():
@@ -316,7 +316,7 @@ def test_iteration_tokens_total_is_a_histogram():
     assert snap.value("vllm:iteration_tokens_total_bucket", le="+Inf") == 286
 
 
-def test_cache_config_info_labels_kept_as_strings():
+def test_cache_config_info_labels_kept_as_strings() -> None:
     body = fixture_text("single_after.prom")
     line = next(ln for ln in body.split("\n") if ln.startswith("vllm:cache_config_info{"))
     want = dict(re.findall(r'(\w+)="([^"]*)"', line))
@@ -356,7 +356,7 @@ vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 0.5
 """
 
 
-def test_renamed_old_vllm_names_map_to_current_names():
+def test_renamed_old_vllm_names_map_to_current_names() -> None:
     snap = parse(OLD_NAMES_BODY)["0"]
     assert snap.value("vllm:kv_cache_usage_perc") == 0.25
     assert snap.value("vllm:prefix_cache_queries_total") == 100
@@ -367,7 +367,7 @@ def test_renamed_old_vllm_names_map_to_current_names():
     assert {h.name for h in snap.layout.histograms} == {"vllm:inter_token_latency_seconds"}
 
 
-def test_renamed_and_current_names_both_exported_are_counted_once():
+def test_renamed_and_current_names_both_exported_are_counted_once() -> None:
     body = OLD_NAMES_BODY + NEW_NAMES_BODY.replace("100.0", "101.0").replace("0.25", "0.5")
     snap = parse(body)["0"]
     # the current name wins; the old copy is not added on top
@@ -384,7 +384,7 @@ def test_renamed_and_current_names_both_exported_are_counted_once():
     assert again["0"].value("vllm:prefix_cache_queries_total") == 101
 
 
-def test_ray_opencensus_bare_and_total_counters_counted_once():
+def test_ray_opencensus_bare_and_total_counters_counted_once() -> None:
     body = fixture_text("ray_vllm_ocdefault.prom")
     expo = parse(body)
     total = sample_value(body, r"^ray_vllm_generation_tokens_total\{")
@@ -400,7 +400,7 @@ def test_ray_opencensus_bare_and_total_counters_counted_once():
     assert [v for v in hits if v is not None] == [4864.0]
 
 
-def test_nan_in_a_counter_invalidates_that_series_only():
+def test_nan_in_a_counter_invalidates_that_series_only() -> None:
     """docs/rules.md §3.9 (was: a NaN counter failed the whole scrape): the series is left out
     of that scrape and reported; every other series is valid, on every parse path."""
     body = fixture_text("single_after.prom")
@@ -424,7 +424,7 @@ def test_nan_in_a_counter_invalidates_that_series_only():
     assert p.parse(body)["0"].value("vllm:generation_tokens_total") == 1998
 
 
-def test_negative_counter_is_an_invalid_series():
+def test_negative_counter_is_an_invalid_series() -> None:
     expo = parse(b'# TYPE vllm:x counter\nvllm:x_total{engine="0"} -1\n')
     assert expo["0"].value("vllm:x_total") is None
     assert [(i.engine, i.series, i.reason) for i in expo.invalid] == [
@@ -432,7 +432,7 @@ def test_negative_counter_is_an_invalid_series():
     ]
 
 
-def test_nan_gauge_is_missing_never_zero():
+def test_nan_gauge_is_missing_never_zero() -> None:
     body = fixture_text("single_after.prom")
     bad = set_values(body, r"^vllm:kv_cache_usage_perc\{", "NaN")
     parser = Parser(share_templates=False)
@@ -446,7 +446,7 @@ def test_nan_gauge_is_missing_never_zero():
         assert snap.value("vllm:generation_tokens_total") == 1998
 
 
-def test_label_values_that_look_like_labels_stay_distinct_series():
+def test_label_values_that_look_like_labels_stay_distinct_series() -> None:
     """Two breakdown labels whose values contain `",source="`: two series, not one sum."""
     body = (
         "# TYPE vllm:x_total counter\n"
@@ -462,7 +462,7 @@ def test_label_values_that_look_like_labels_stay_distinct_series():
 # --------------------------------------------------------------------------- bad input
 
 
-def test_body_over_the_size_cap_fails():
+def test_body_over_the_size_cap_fails() -> None:
     line = b'vllm:x_total{engine="0"} 1.0\n'
     body = b"# TYPE vllm:x_total counter\n" + line * (50_000_000 // len(line) + 1)
     assert len(body) > 50_000_000
@@ -473,7 +473,7 @@ def test_body_over_the_size_cap_fails():
     assert MAX_BODY_BYTES < 50_000_000
 
 
-def test_non_utf8_body_fails():
+def test_non_utf8_body_fails() -> None:
     body = fixture_text("single_after.prom").encode()
     bad = body.replace(b'model_name="tinymodel"', b'model_name="tiny\xffmodel"', 1)
     with pytest.raises(ExpositionError, match="UTF-8"):
@@ -488,7 +488,7 @@ def _line_of(body: str, prefix: str) -> int:
     return 1 + next(i for i, ln in enumerate(body.split("\n")) if ln.startswith(prefix))
 
 
-def test_duplicate_series_fails_with_its_line_number():
+def test_duplicate_series_fails_with_its_line_number() -> None:
     body = fixture_text("single_after.prom")
     lines = body.split("\n")
     i = _line_of(body, "vllm:num_requests_waiting{") - 1
@@ -512,7 +512,7 @@ def test_duplicate_series_fails_with_its_line_number():
     assert ei.value.line == i + 1
 
 
-def test_truncated_body_fails_with_line_number():
+def test_truncated_body_fails_with_line_number() -> None:
     body = fixture_text("single_after.prom")
     cut = body[: body.index("vllm:generation_tokens_total{") + 20]
     with pytest.raises(ExpositionError, match="truncated") as ei:
@@ -540,7 +540,7 @@ def test_truncated_body_fails_with_line_number():
         b"   \n",
     ],
 )
-def test_garbage_bodies_fail_cleanly(body):
+def test_garbage_bodies_fail_cleanly(body) -> None:
     # (a negative counter, once in this list, now invalidates only its series: see
     # test_negative_counter_is_an_invalid_series)
     with pytest.raises(ExpositionError):
@@ -625,7 +625,7 @@ def _child(labelnames, extra, ch):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(registries())
-def test_generate_latest_round_trips_exactly(reg):
+def test_generate_latest_round_trips_exactly(reg) -> None:
     body = generate_004(reg)
     ref = Reference(reg.collect(), ray=False)
     expo = Parser().parse(body)
@@ -636,7 +636,7 @@ def test_generate_latest_round_trips_exactly(reg):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(registries(colon_names=False))
-def test_openmetrics_round_trips_exactly(reg):
+def test_openmetrics_round_trips_exactly(reg) -> None:
     body = generate_openmetrics(reg)
     assert body.endswith(b"# EOF\n")
     expo = Parser().parse(body)
@@ -645,7 +645,7 @@ def test_openmetrics_round_trips_exactly(reg):
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(registries(), st.randoms(use_true_random=False))
-def test_fast_path_equals_full_parse_on_new_values(reg, rnd):
+def test_fast_path_equals_full_parse_on_new_values(reg, rnd) -> None:
     """Same shape, new values: the warmed parser's fast path gives what a fresh parse gives."""
     body = generate_004(reg).decode()
     warm = Parser(share_templates=False)
@@ -682,20 +682,20 @@ def _only_exposition_errors(body, parser: Parser | None = None) -> None:
 
 @settings(max_examples=150, deadline=2000)
 @given(st.binary(max_size=400))
-def test_fuzz_garbage_bytes(data):
+def test_fuzz_garbage_bytes(data) -> None:
     _only_exposition_errors(data)
     _only_exposition_errors(data + b"\n")
 
 
 @settings(max_examples=100, deadline=2000)
 @given(st.text(alphabet='abc{}=",# \\\n\t01.+-eINfa:_', max_size=300))
-def test_fuzz_garbage_text_in_the_format_alphabet(text):
+def test_fuzz_garbage_text_in_the_format_alphabet(text) -> None:
     _only_exposition_errors(text)
 
 
 @settings(max_examples=40, deadline=2000)
 @given(st.integers(0, len(_BASE)), st.sampled_from([_BASE, _DP2]))
-def test_fuzz_truncated_real_bodies(n, body):
+def test_fuzz_truncated_real_bodies(n, body) -> None:
     prefix = body[:n]
     _only_exposition_errors(prefix)
     p = Parser()
@@ -703,7 +703,7 @@ def test_fuzz_truncated_real_bodies(n, body):
     _only_exposition_errors(prefix, p)
 
 
-def test_truncated_at_every_line_end_never_raises_anything_else():
+def test_truncated_at_every_line_end_never_raises_anything_else() -> None:
     ends = [m.end() for m in re.finditer("\n", _BASE)]
     for n in ends[::19]:
         _only_exposition_errors(_BASE[:n])
@@ -735,7 +735,7 @@ _MUTATIONS = [
     ),
     st.randoms(use_true_random=False),
 )
-def test_fuzz_random_line_mutations(edits, rnd):
+def test_fuzz_random_line_mutations(edits, rnd) -> None:
     lines = _BASE.split("\n")
     for pos, which in edits:
         k = pos % (len(lines) - 1)
@@ -748,7 +748,7 @@ def test_fuzz_random_line_mutations(edits, rnd):
     assert again["0"].value("vllm:generation_tokens_total") == 1998
 
 
-def test_a_failed_body_does_not_corrupt_the_template():
+def test_a_failed_body_does_not_corrupt_the_template() -> None:
     p = Parser()
     p.parse(_BASE)
     for bad in (
@@ -764,7 +764,7 @@ def test_a_failed_body_does_not_corrupt_the_template():
     assert expo["0"].value("vllm:prompt_tokens_total") == 15472
 
 
-def test_random_fixture_line_shuffles_parse_the_same():
+def test_random_fixture_line_shuffles_parse_the_same() -> None:
     """Order of series is free: a shuffled body parses to the same values (full parser)."""
     r = random.Random(7)
     lines = [ln for ln in _DP2.split("\n") if ln]
@@ -778,7 +778,7 @@ def test_random_fixture_line_shuffles_parse_the_same():
 # --------------------------------------------------------------------------- shared templates
 
 
-def test_a_new_parser_starts_from_a_template_of_the_same_shape():
+def test_a_new_parser_starts_from_a_template_of_the_same_shape() -> None:
     """A fleet's endpoints serve line-for-line identical bodies: the second endpoint's first
     body takes the fast path with the first endpoint's template, and parses as a full parse."""
     body = fixture_text("dp2_load.prom")
@@ -795,7 +795,7 @@ def test_a_new_parser_starts_from_a_template_of_the_same_shape():
     assert got["1"].value("vllm:generation_tokens_total") == 12345.0
 
 
-def test_a_template_of_another_shape_is_not_used():
+def test_a_template_of_another_shape_is_not_used() -> None:
     """Same line count, other label values (engine ids, model): every line's head is checked,
     so the shared template is refused and the body gets its own full parse."""
     body = fixture_text("single_after.prom")
@@ -809,7 +809,7 @@ def test_a_template_of_another_shape_is_not_used():
     assert expo["7"].value("vllm:prompt_tokens_total") == 15472
 
 
-def test_fast_path_rejects_underscored_values_like_the_full_parser():
+def test_fast_path_rejects_underscored_values_like_the_full_parser() -> None:
     body = fixture_text("single_after.prom")
     p = Parser()
     p.parse(body)

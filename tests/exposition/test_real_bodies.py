@@ -65,7 +65,7 @@ def load() -> dict:
 
 
 @pytest.mark.parametrize(("kind", "phase"), BODIES)
-def test_fleetscope_parses_every_body(kind: str, phase: str):
+def test_fleetscope_parses_every_body(kind: str, phase: str) -> None:
     body = text(kind, phase)
     expo = parse(body)
     assert set(expo) == KINDS[kind]
@@ -79,7 +79,7 @@ def test_fleetscope_parses_every_body(kind: str, phase: str):
 
 
 @pytest.mark.parametrize(("kind", "phase"), BODIES)
-def test_families_present(kind: str, phase: str):
+def test_families_present(kind: str, phase: str) -> None:
     body = text(kind, phase)
     types = B.types(body)
     for typ, fams in FAMILIES.items():
@@ -100,7 +100,7 @@ def test_families_present(kind: str, phase: str):
 
 
 @pytest.mark.parametrize(("kind", "phase"), BODIES)
-def test_vllm_invariants_per_engine(kind: str, phase: str):
+def test_vllm_invariants_per_engine(kind: str, phase: str) -> None:
     body = text(kind, phase)
     for e in KINDS[kind]:
 
@@ -136,7 +136,7 @@ def test_vllm_invariants_per_engine(kind: str, phase: str):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_after_minus_idle_is_the_load(kind: str, load: dict):
+def test_after_minus_idle_is_the_load(kind: str, load: dict) -> None:
     idle, after = text(kind, "idle"), text(kind, "after")
     sent = load[kind]
 
@@ -153,7 +153,7 @@ def _scrape(name: str, body: str, t: float, parser: Parser) -> ScrapeResult:
     return ScrapeResult(name, parser.parse(body, time=t, wall_time=1.8e9 + t), t, 1.8e9 + t)
 
 
-def test_fleetscope_deltas_over_the_real_bodies(load: dict):
+def test_fleetscope_deltas_over_the_real_bodies(load: dict) -> None:
     """Idle -> load -> after through FleetState: the totals are the load, exactly; the first
     poll (DP server idle, no gauges) is only a baseline and warns about nothing."""
     state = FleetState()
@@ -179,7 +179,7 @@ def test_fleetscope_deltas_over_the_real_bodies(load: dict):
     assert sums["request_success_total"] == sum(load[s]["sent"] for s in KINDS)
 
 
-def test_an_idle_engine_beside_busy_ones_is_not_an_outlier():
+def test_an_idle_engine_beside_busy_ones_is_not_an_outlier() -> None:
     """Real end-of-batch shape: the single server has finished (nothing running, 0 tok/s)
     while both DP engines still generate. Idle is not sick: no ``engine_outlier``."""
     from fleetscope.health import HealthMonitor, HealthThresholds

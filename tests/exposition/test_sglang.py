@@ -63,7 +63,7 @@ def truth_totals(case: str) -> dict[tuple[str, str], float]:
     several = (t["case"].get("dp") or 1) > 1
     out: dict[tuple[str, str], float] = {}
 
-    def add(eng, sid, v):
+    def add(eng, sid, v) -> None:
         out[(eng, sid)] = out.get((eng, sid), 0.0) + v
 
     for kind in ("counters", "gauges"):
@@ -114,7 +114,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_every_mapped_per_engine_value_equals_the_truth(case):
+def test_every_mapped_per_engine_value_equals_the_truth(case) -> None:
     expo = parse(body(case))
     want = truth_totals(case)
     assert want
@@ -123,7 +123,7 @@ def test_every_mapped_per_engine_value_equals_the_truth(case):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_engines_are_dp_replicas(case):
+def test_engines_are_dp_replicas(case) -> None:
     expo = parse(body(case))
     dp = TRUTH[case]["case"].get("dp") or 1
     assert sorted(expo) == [str(i) for i in range(dp)]
@@ -145,7 +145,7 @@ def test_engines_are_dp_replicas(case):
             assert expo[e].value("vllm:time_to_first_token_seconds_count") is None
 
 
-def test_tp_repeats_counted_once():
+def test_tp_repeats_counted_once() -> None:
     single = parse(body("single_after.prom"))["0"]
     for case in ("all_tp_ranks_after.prom", "tp2_default_after.prom"):
         sn = parse(body(case))["0"]
@@ -174,7 +174,7 @@ def test_tp_repeats_counted_once():
     assert sn.value("sglang:realtime_tokens_total") is None  # a breakdown: no summed series
 
 
-def test_dp2_ratio_gauges_and_constants_are_per_replica():
+def test_dp2_ratio_gauges_and_constants_are_per_replica() -> None:
     expo = parse(body("dp2_after.prom"))
     t = TRUTH["dp2_after.prom"]
     for name in ("sglang:token_usage", "sglang:max_total_num_tokens", "sglang:utilization"):
@@ -188,7 +188,7 @@ def test_dp2_ratio_gauges_and_constants_are_per_replica():
     assert expo["0"].value("sglang:evicted_tokens_total") is None
 
 
-def test_kv_usage_is_full_token_usage_and_token_usage_keeps_its_name():
+def test_kv_usage_is_full_token_usage_and_token_usage_keeps_its_name() -> None:
     sn = parse(body("single_after.prom"))["0"]
     g = {s["name"]: s["value"] for s in TRUTH["single_after.prom"]["gauges"]}
     assert sn.value("vllm:kv_cache_usage_perc") == g["sglang:full_token_usage"]
@@ -203,7 +203,7 @@ def test_kv_usage_is_full_token_usage_and_token_usage_keeps_its_name():
     assert sn.value("sglang:token_usage") is None
 
 
-def test_itl_is_not_merged_and_breakdowns_survive():
+def test_itl_is_not_merged_and_breakdowns_survive() -> None:
     sn = parse(body("single_after.prom"))["0"]
     names = {h.name for h in sn.layout.histograms}
     assert "sglang:inter_token_latency_seconds" in names
@@ -220,7 +220,7 @@ def test_itl_is_not_merged_and_breakdowns_survive():
         assert sn.value("sglang:startup_time_seconds", phase=s["labels"]["phase"]) == s["value"]
 
 
-def test_renames_inside_0_5():
+def test_renames_inside_0_5() -> None:
     text = body("single_after.prom").replace(
         "sglang:num_prefill_inflight_queue_reqs", "sglang:num_prefill_infight_queue_reqs"
     )
@@ -237,7 +237,7 @@ def test_renames_inside_0_5():
     assert not sn.layout.histograms
 
 
-def test_the_0_5_2_queue_time_histogram_is_request_queue_time():
+def test_the_0_5_2_queue_time_histogram_is_request_queue_time() -> None:
     """SGLang 0.5.2 named its queue-time histogram ``queue_time_s``: parsed as vLLM's request
     queue time, like 0.5.23's ``queue_time_seconds``; with both present, the current one wins."""
     text = body("single_after.prom")
@@ -267,7 +267,7 @@ def test_the_0_5_2_queue_time_histogram_is_request_queue_time():
     )
 
 
-def test_roles_from_engine_type():
+def test_roles_from_engine_type() -> None:
     assert parse(body("pd_prefill_after.prom")).engine_roles == {"0": "prefill"}
     assert parse(body("pd_decode_after.prom")).engine_roles == {"0": "decode"}
     assert parse(body("single_after.prom")).engine_roles == {}
@@ -275,7 +275,7 @@ def test_roles_from_engine_type():
     assert parse(vllm).engine_roles == {}
 
 
-def test_http_source_passes_engine_roles_and_explicit_role_wins():
+def test_http_source_passes_engine_roles_and_explicit_role_wins() -> None:
     from fleetscope.sources.http.source import Endpoint, HttpSource
 
     text = body("pd_prefill_after.prom")
@@ -297,7 +297,7 @@ def test_http_source_passes_engine_roles_and_explicit_role_wins():
     assert r.ok and r.engine_roles == {} and r.role == "decode"
 
 
-def test_fast_path_reuses_the_template_with_the_same_result():
+def test_fast_path_reuses_the_template_with_the_same_result() -> None:
     p = Parser(share_templates=False)
     a = p.parse(body("all_tp_ranks_after.prom"))
     b = p.parse(body("all_tp_ranks_after.prom"))
@@ -310,7 +310,7 @@ def test_fast_path_reuses_the_template_with_the_same_result():
 # --------------------------------------------------------------------------- a mixed fleet
 
 
-def _observe(polls):
+def observe_polls(polls):
     state = FleetState()
     parsers: dict[str, Parser] = {}
     res = None
@@ -338,13 +338,13 @@ def _buckets(text: str, family: str, engine: str | None) -> dict[float, float]:
     return out
 
 
-def test_mixed_fleet_ttft_quantiles_pool_on_shared_bounds_and_counters_are_exact():
+def test_mixed_fleet_ttft_quantiles_pool_on_shared_bounds_and_counters_are_exact() -> None:
     v_idle = (VLLM_DIR / "dp2_idle.prom").read_text()
     v_after = (VLLM_DIR / "dp2_load.prom").read_text()
     s_idle = body("single_idle.prom")
     s_after = body("single_after.prom")
     d_idle, d_after = body("dp2_idle.prom"), body("dp2_after.prom")
-    res = _observe(
+    res = observe_polls(
         [
             (0.0, {"v": v_idle, "s": s_idle, "d": d_idle}),
             (30.0, {"v": v_after, "s": s_after, "d": d_after}),
@@ -409,8 +409,8 @@ def test_mixed_fleet_ttft_quantiles_pool_on_shared_bounds_and_counters_are_exact
     assert agg["prefix_cache_hit_rate"]["pooled"] == pytest.approx(num / den, rel=1e-12)
 
 
-def test_sglang_prefix_cache_hit_rate():
-    res = _observe(
+def test_sglang_prefix_cache_hit_rate() -> None:
+    res = observe_polls(
         [(0.0, {"s": body("single_idle.prom")}), (30.0, {"s": body("single_after.prom")})]
     )
     t = TRUTH["single_after.prom"]["counters"]
@@ -425,7 +425,7 @@ def test_sglang_prefix_cache_hit_rate():
     assert m["num_preemptions_total"] == 1  # one retraction, counted as a preemption
 
 
-def test_openmetrics_body_with_escaped_sample_names_parses_as_the_text_body():
+def test_openmetrics_body_with_escaped_sample_names_parses_as_the_text_body() -> None:
     text = parse(body("single_after.prom"))["0"]
     om = parse(body("single_after.openmetrics.txt"))["0"]
     assert set(om) == set(text)
@@ -435,8 +435,8 @@ def test_openmetrics_body_with_escaped_sample_names_parses_as_the_text_body():
     assert om.value("vllm:time_to_first_token_seconds_count") == 11
 
 
-def test_pd_fleet_scopes_come_from_the_bodies():
-    res = _observe(
+def test_pd_fleet_scopes_come_from_the_bodies() -> None:
+    res = observe_polls(
         [
             (0.0, {"p": body("pd_prefill_after.prom"), "d": body("pd_decode_after.prom")}),
             (30.0, {"p": body("pd_prefill_after.prom"), "d": body("pd_decode_after.prom")}),
@@ -446,7 +446,7 @@ def test_pd_fleet_scopes_come_from_the_bodies():
     assert res.stats.scopes["prefill"].engines == 1 and res.stats.scopes["decode"].engines == 1
 
 
-def test_dp_attention_ranks_dedupe_per_replica():
+def test_dp_attention_ranks_dedupe_per_replica() -> None:
     # DP attention: tp ranks 0-1 serve replica 0, tp ranks 2-3 replica 1; every rank logs
     lines = ["# HELP sglang:num_running_reqs r", "# TYPE sglang:num_running_reqs gauge"]
     for tp, dp, v in ((0, 0, 3), (1, 0, 3), (2, 1, 5), (3, 1, 5)):

@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 
 import pytest
-from test_sglang import _observe
+from test_sglang import observe_polls
 
 from conftest import DATA, VLLM_DIR, promql_bucket_quantile
 from fleetscope import catalog
@@ -102,7 +102,7 @@ def mapped(kind: str) -> list[str]:
 @pytest.fixture(scope="module")
 def agg() -> dict:
     polls = [(t, {n: pair[i] for n, pair in BODIES.items()}) for i, t in enumerate((0, SECONDS))]
-    return _observe(polls).stats.scopes["agg"].metrics
+    return observe_polls(polls).stats.scopes["agg"].metrics
 
 
 def test_the_catalog_maps_what_the_issue_lists() -> None:
@@ -191,7 +191,7 @@ def test_mean_acceptance_length_pools_vllm_and_sglang_counters() -> None:
     v_after = _with_spec_decode(v_after, 110.0, 185.0)
     s_before, s_after = BODIES["s"]
     polls = [(0.0, {"v": v_before, "s": s_before}), (SECONDS, {"v": v_after, "s": s_after})]
-    result = _observe(polls)
+    result = observe_polls(polls)
     verify = increases("vllm:generation_tokens", "_total")  # SGLang's generation tokens ...
     gen_s = verify["s.-"]
     calls = [v for _, labels, v in samples(s_after, "sglang:spec_verify_calls") if labels]

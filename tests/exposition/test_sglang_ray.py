@@ -169,7 +169,7 @@ def dp_of(case: str) -> int:
     return TRUTH[case]["case"].get("dp") or 1
 
 
-def test_the_rewrite_is_a_ray_body():
+def test_the_rewrite_is_a_ray_body() -> None:
     text = ray_body({"r1": body("all_tp_ranks_after.prom")}, opencensus=True)
     assert not re.search(r"^(# TYPE )?sglang:", text, re.M) and 'le="0.0"' not in text
     line = next(ln for ln in text.split("\n") if ln.startswith("ray_sglang_num_running_reqs{"))
@@ -183,7 +183,7 @@ def test_the_rewrite_is_a_ray_body():
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_engines_are_replica_and_dp_rank_pairs(case):
+def test_engines_are_replica_and_dp_rank_pairs(case) -> None:
     expo = parse(ray_body({"r1": body(case), "r2": body(case)}))
     dp = dp_of(case)
     want = {ray_label(r, str(i)) for r in ("r1", "r2") for i in range(dp)}
@@ -192,7 +192,7 @@ def test_engines_are_replica_and_dp_rank_pairs(case):
 
 @pytest.mark.parametrize("other", ["single_after.prom", "dp2_after.prom"])
 @pytest.mark.parametrize("case", CASES)
-def test_every_series_equals_the_native_parse(case, other):
+def test_every_series_equals_the_native_parse(case, other) -> None:
     """Two different servers on one node: each engine is exactly its native self."""
     servers = {"r1": body(case), "r2": body(other)}
     expo = parse(ray_body(servers))
@@ -216,7 +216,7 @@ def test_every_series_equals_the_native_parse(case, other):
     assert any(k.startswith("ray_") for k in ep)  # Ray's system metrics stay there
 
 
-def test_only_the_bucket_ray_drops_differs_from_the_untouched_body():
+def test_only_the_bucket_ray_drops_differs_from_the_untouched_body() -> None:
     nat = parse(body("single_after.prom"))["0"]
     ref = parse(without_nonpositive_buckets(body("single_after.prom")))["0"]
     assert set(ref.layout.slot_ids) < set(nat.layout.slot_ids)
@@ -238,7 +238,7 @@ def _truth(case: str, kind: str, name: str, **labels: str) -> list[dict]:
     ]
 
 
-def test_tp_repeats_counted_once():
+def test_tp_repeats_counted_once() -> None:
     """all_tp_ranks: every scheduler rank writes the scheduler series; rank 0's count."""
     case = "all_tp_ranks_after.prom"
     running = _truth(case, "gauges", "sglang:num_running_reqs")
@@ -261,7 +261,7 @@ def test_tp_repeats_counted_once():
     assert sn.value("vllm:generation_tokens_total") == sum(s["value"] for s in gen)
 
 
-def test_dp_replicas_stay_apart_and_kv_usage_is_not_added_up():
+def test_dp_replicas_stay_apart_and_kv_usage_is_not_added_up() -> None:
     case = "dp2_after.prom"
     expo = parse(ray_body({"r1": body(case), "r2": body("single_after.prom")}))
     for s in _truth(case, "gauges", "sglang:full_token_usage"):
@@ -287,7 +287,7 @@ def test_dp_replicas_stay_apart_and_kv_usage_is_not_added_up():
     assert expo[ray_label("r1", "0")].value("sglang:evicted_tokens_total") is None
 
 
-def test_roles_from_engine_type():
+def test_roles_from_engine_type() -> None:
     expo = parse(
         ray_body(
             {
@@ -300,7 +300,7 @@ def test_roles_from_engine_type():
     assert expo.engine_roles == {ray_label("p", "0"): "prefill", ray_label("d", "0"): "decode"}
 
 
-def test_opencensus_counters_exported_twice_are_counted_once():
+def test_opencensus_counters_exported_twice_are_counted_once() -> None:
     case = "all_tp_ranks_after.prom"
     text = ray_body({"r1": body(case)}, opencensus=True)
     assert re.search(r"^ray_sglang_prompt_tokens\{", text, re.M)  # the bare twin is there
@@ -312,7 +312,7 @@ def test_opencensus_counters_exported_twice_are_counted_once():
     assert sn.value("vllm:num_preemptions_total") == 1
 
 
-def test_a_vllm_actor_on_the_same_node_is_unchanged():
+def test_a_vllm_actor_on_the_same_node_is_unchanged() -> None:
     alone = parse(RAY_VLLM)
     expo = parse(ray_body({"r1": body("dp2_after.prom")}, vllm_actor=True))
     vllm = [e for e in alone if e not in expo.endpoint]
@@ -325,7 +325,7 @@ def test_a_vllm_actor_on_the_same_node_is_unchanged():
     assert len(expo) == len(alone) + len(ref)
 
 
-def test_fast_path_gives_the_same_result():
+def test_fast_path_gives_the_same_result() -> None:
     text = ray_body({"r1": body("all_tp_ranks_after.prom"), "r2": body("pd_decode_after.prom")})
     p = Parser(share_templates=False)
     a, b = p.parse(text), p.parse(text)
@@ -345,7 +345,7 @@ def _filtered(ident: RayIdentity, servers: dict[str, str]):
     return RaySource(ident).filter(expo)
 
 
-def test_ray_source_keeps_own_sglang_servers_by_worker_id():
+def test_ray_source_keeps_own_sglang_servers_by_worker_id() -> None:
     """Own servers by WorkerId (the vLLM actor and a third SGLang server are foreign): each own
     engine, its pieces joined (radix-cache families carry no model_name), is its native self."""
     servers = {
@@ -365,7 +365,7 @@ def test_ray_source_keeps_own_sglang_servers_by_worker_id():
     assert kept[f"{wid('r2')[:8]}-0"].value("vllm:num_requests_running") == 3
 
 
-def test_ray_source_passes_the_roles_the_body_reports_and_the_identity_wins():
+def test_ray_source_passes_the_roles_the_body_reports_and_the_identity_wins() -> None:
     servers = {"p": body("pd_prefill_after.prom"), "d": body("pd_decode_after.prom")}
     kept, roles, dropped = _filtered(RayIdentity(worker_ids={wid("p"), wid("d")}), servers)
     assert roles == {f"{wid('p')[:8]}-0": "prefill", f"{wid('d')[:8]}-0": "decode"}
@@ -379,7 +379,7 @@ def test_ray_source_passes_the_roles_the_body_reports_and_the_identity_wins():
 
 
 class _Agent(HttpSource):
-    def __init__(self, *bodies: str):
+    def __init__(self, *bodies: str) -> None:
         super().__init__(identity_labels=RAY_AGENT_IDENTITY)
         self.bodies = list(bodies)
 
@@ -387,7 +387,7 @@ class _Agent(HttpSource):
         return (self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]).encode()
 
 
-async def test_two_polls_through_a_collector_count_the_own_increase():
+async def test_two_polls_through_a_collector_count_the_own_increase() -> None:
     """Own: a server going idle -> after, and an all-TP-ranks server (unchanged); foreign: a
     decode server. Deltas are the own increase, running sums rank 0 of each own server."""
     from fleetscope.collector.core import Collector

@@ -43,7 +43,7 @@ def load_of(run: RealRun, endpoints: list[str], key: str) -> int:
 # ----------------------------------------------------------------------------- the fleet
 
 
-def test_load_generator_ran_clean(real_run: RealRun):
+def test_load_generator_ran_clean(real_run: RealRun) -> None:
     total = real_run.load["total"]
     assert total["failed"] == 0, total["errors"][:5]
     assert total["sent"] == total["ok"] > 0
@@ -56,14 +56,14 @@ def test_load_generator_ran_clean(real_run: RealRun):
         }
 
 
-def test_engines_found(real_run: RealRun):
+def test_engines_found(real_run: RealRun) -> None:
     for view in real_run.views:
         assert set(view.engines) == ENGINES
         assert view.endpoints_reporting == view.endpoints_expected == 2
         assert all(e.reporting for e in view.engines.values())
 
 
-def test_first_poll_of_idle_dp_server(real_run: RealRun):
+def test_first_poll_of_idle_dp_server(real_run: RealRun) -> None:
     """Multiprocess mode: before its first request the DP server exposes no gauge samples.
     fleetscope's first poll must take it as it is: scraped fine, gauges missing (not 0)."""
     dp_idle = real_run.body("server1", "idle")
@@ -82,7 +82,7 @@ def test_first_poll_of_idle_dp_server(real_run: RealRun):
     assert last.engines["server1.1"].kv_usage is not None
 
 
-def test_no_fleetscope_warnings(real_run: RealRun):
+def test_no_fleetscope_warnings(real_run: RealRun) -> None:
     assert real_run.warnings == [], "polls (running, waiting, tok/s):\n" + real_run.table()
     assert real_run.window_keys[f"inference/{WINDOW}/failed_scrapes"] == 0.0
     assert real_run.window_keys[f"inference/{WINDOW}/engine_restarts"] == 0.0
@@ -90,7 +90,7 @@ def test_no_fleetscope_warnings(real_run: RealRun):
     assert real_run.window_keys[f"inference/{WINDOW}/polls"] == len(real_run.views) - 2
 
 
-def test_window_coverage_is_complete(real_run: RealRun):
+def test_window_coverage_is_complete(real_run: RealRun) -> None:
     assert real_run.window_keys[f"inference/{WINDOW}/coverage"] == pytest.approx(1.0, abs=1e-9)
 
 
@@ -98,7 +98,7 @@ def test_window_coverage_is_complete(real_run: RealRun):
 
 
 @pytest.mark.parametrize("scope", ["agg", "single", "dp2"])
-def test_window_token_totals_equal_the_load(real_run: RealRun, scope: str):
+def test_window_token_totals_equal_the_load(real_run: RealRun, scope: str) -> None:
     eps = scopes(real_run)[scope]
     keys = real_run.window_keys
     assert keys[wkey(scope, "prompt_tokens_total", "delta")] == load_of(
@@ -110,7 +110,7 @@ def test_window_token_totals_equal_the_load(real_run: RealRun, scope: str):
 
 
 @pytest.mark.parametrize("scope", ["agg", "single", "dp2"])
-def test_window_request_counts_equal_the_load(real_run: RealRun, scope: str):
+def test_window_request_counts_equal_the_load(real_run: RealRun, scope: str) -> None:
     eps = scopes(real_run)[scope]
     keys = real_run.window_keys
     sent = load_of(real_run, eps, "sent")
@@ -134,7 +134,7 @@ def test_window_request_counts_equal_the_load(real_run: RealRun, scope: str):
 
 
 @pytest.mark.parametrize("scope", ["agg", "single", "dp2"])
-def test_every_counter_equals_the_bodies(real_run: RealRun, scope: str):
+def test_every_counter_equals_the_bodies(real_run: RealRun, scope: str) -> None:
     """Every vllm: counter family's window delta equals Δ of the bodies (idle -> after)."""
     eps = scopes(real_run)[scope]
     keys = real_run.window_keys
@@ -150,7 +150,7 @@ def test_every_counter_equals_the_bodies(real_run: RealRun, scope: str):
 
 
 @pytest.mark.parametrize("scope", ["agg", "single", "dp2"])
-def test_prefix_cache_hit_rate_equals_the_servers_counters(real_run: RealRun, scope: str):
+def test_prefix_cache_hit_rate_equals_the_servers_counters(real_run: RealRun, scope: str) -> None:
     eps = scopes(real_run)[scope]
     hits = body_delta(real_run, eps, "vllm:prefix_cache_hits_total")
     queries = body_delta(real_run, eps, "vllm:prefix_cache_queries_total")
@@ -164,7 +164,7 @@ def test_prefix_cache_hit_rate_equals_the_servers_counters(real_run: RealRun, sc
     assert cached == hits
 
 
-def test_window_histogram_counts_equal_the_requests(real_run: RealRun):
+def test_window_histogram_counts_equal_the_requests(real_run: RealRun) -> None:
     keys = real_run.window_keys
     sent = real_run.load["total"]["sent"]
     for metric in (
@@ -207,7 +207,7 @@ def _promql_quantile(run: RealRun, family: str, q: float, endpoints: list[str]) 
     return res[0]["value"] if res else math.nan
 
 
-def test_prometheus_scraped_the_frozen_states(real_run: RealRun):
+def test_prometheus_scraped_the_frozen_states(real_run: RealRun) -> None:
     """The PromQL oracle sees the same counters as the bodies at T1 (idle) and T2 (after)."""
     prom = real_run.prom
     name = _prom_name(real_run, "vllm:request_success_total")
@@ -219,7 +219,7 @@ def test_prometheus_scraped_the_frozen_states(real_run: RealRun):
 
 
 @pytest.mark.parametrize("scope", ["agg", "single", "dp2"])
-def test_window_quantiles_equal_promql(real_run: RealRun, scope: str):
+def test_window_quantiles_equal_promql(real_run: RealRun, scope: str) -> None:
     eps = scopes(real_run)[scope]
     keys = real_run.window_keys
     compared = 0
@@ -239,7 +239,7 @@ def test_window_quantiles_equal_promql(real_run: RealRun, scope: str):
 
 
 @pytest.mark.parametrize("scope", ["agg", "single", "dp2"])
-def test_window_quantiles_equal_the_bodies(real_run: RealRun, scope: str):
+def test_window_quantiles_equal_the_bodies(real_run: RealRun, scope: str) -> None:
     """The same quantiles from the bodies' bucket deltas (independent of Prometheus)."""
     from conftest import promql_bucket_quantile
 
@@ -262,7 +262,7 @@ def test_window_quantiles_equal_the_bodies(real_run: RealRun, scope: str):
 # ----------------------------------------------------------------------------- the bodies
 
 
-def test_bodies_saved(real_run: RealRun):
+def test_bodies_saved(real_run: RealRun) -> None:
     for e in real_run.urls:
         for phase in ("idle", "load", "after"):
             p = real_run.out_dir / f"{KIND[e]}_{phase}.prom"
@@ -273,7 +273,7 @@ def test_bodies_saved(real_run: RealRun):
     assert B.total(real_run.body("server1", "load"), "vllm:num_requests_running") > 0
 
 
-def test_vllm_ignores_accept_and_writes_colon_names(real_run: RealRun):
+def test_vllm_ignores_accept_and_writes_colon_names(real_run: RealRun) -> None:
     """vLLM's /metrics route (prometheus-fastapi-instrumentator's) always writes the classic
     text format, whatever ``Accept`` asks for, under prometheus_client's CONTENT_TYPE_LATEST
     (``text/plain; version=1.0.0``). So Prometheus, which asks for OpenMetrics, still gets and

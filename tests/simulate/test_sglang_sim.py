@@ -36,7 +36,7 @@ def _fleet(kind: str = "sglang", dp: int = 2, roles=None, seconds: float = 20.0)
     return fleet
 
 
-def test_families_are_sglang_0_5_23s_and_rows_of_the_catalog():
+def test_families_are_sglang_0_5_23s_and_rows_of_the_catalog() -> None:
     for spec in FAMILIES:
         real = REAL[spec.name]  # SGLang 0.5.23 defines it (families.json from its source)
         assert real["type"] == spec.kind and real["help"] == spec.help, spec.name
@@ -48,7 +48,7 @@ def test_families_are_sglang_0_5_23s_and_rows_of_the_catalog():
             assert spec.label in row.labels.split()
 
 
-def test_body_looks_like_sglangs_and_both_renderers_agree():
+def test_body_looks_like_sglangs_and_both_renderers_agree() -> None:
     fleet = _fleet(dp=2)
     ep = fleet.endpoints[0]
     assert isinstance(ep, SglangEndpoint) and ep.mode == "multiprocess"
@@ -73,7 +73,7 @@ def test_body_looks_like_sglangs_and_both_renderers_agree():
     assert real_labels == {kv.split("=")[0] for kv in line.split("{")[1].split("}")[0].split(",")}
 
 
-def test_idle_server_has_constants_but_no_request_series():
+def test_idle_server_has_constants_but_no_request_series() -> None:
     fleet = SimFleet.build(1, dp=1, engine_kind="sglang", seed=1)
     names = {n for n, _, _ in _samples(fleet.endpoints[0].render())}
     assert "sglang:max_total_num_tokens" in names and "sglang:context_len" in names
@@ -107,7 +107,7 @@ def _observe(fleet: SimFleet, steps: list[float]):
     return res, truths
 
 
-def test_counters_and_gauges_match_the_ground_truth_dp1_and_dp2():
+def test_counters_and_gauges_match_the_ground_truth_dp1_and_dp2() -> None:
     fleet = SimFleet(seed=3)
     small = LoadProfile(num_gpu_blocks=40, arrival_rate=6.0)  # KV shortage: retractions
     fleet.add_endpoint(dp=1, engine_kind="sglang", load=small)  # server0: one replica
@@ -142,7 +142,7 @@ def test_counters_and_gauges_match_the_ground_truth_dp1_and_dp2():
         assert h is not None and h.count > 0
 
 
-def test_ttft_quantiles_and_hit_rate_over_a_dp2_server_follow_promql():
+def test_ttft_quantiles_and_hit_rate_over_a_dp2_server_follow_promql() -> None:
     fleet = SimFleet(seed=5)
     ep = fleet.add_endpoint(dp=2, engine_kind="sglang")
     fleet.run(4.0)
@@ -173,7 +173,7 @@ def _hist_truth(ep) -> dict[tuple, dict[float, float]]:
     return out
 
 
-def test_pd_roles_come_from_engine_type_and_routes_answer_like_sglang():
+def test_pd_roles_come_from_engine_type_and_routes_answer_like_sglang() -> None:
     fleet = SimFleet.build(2, roles=["prefill", "decode"], engine_kind="sglang", seed=2)
     fleet.run(3.0)
     body = fleet.endpoint("decode0").render().decode()
@@ -191,7 +191,7 @@ def test_pd_roles_come_from_engine_type_and_routes_answer_like_sglang():
         assert httpx.get(base + "/get_metrics_worker_info").status_code == 404
 
 
-def test_mixed_fleet_alternates_kinds_and_vllm_serves_version():
+def test_mixed_fleet_alternates_kinds_and_vllm_serves_version() -> None:
     fleet = SimFleet.build(3, engine_kind="mixed", seed=1)
     assert [ep.engine_kind for ep in fleet.endpoints] == ["vllm", "sglang", "vllm"]
     with FleetServer(fleet) as server:
@@ -200,7 +200,7 @@ def test_mixed_fleet_alternates_kinds_and_vllm_serves_version():
         SimFleet.build(1, engine_kind="trt")
 
 
-def test_restart_resets_sglang_series_and_truth_keeps_counting():
+def test_restart_resets_sglang_series_and_truth_keeps_counting() -> None:
     fleet = SimFleet.build(1, dp=1, engine_kind="sglang", seed=4)
     fleet.run(8.0)
     ep = fleet.endpoints[0]
@@ -216,7 +216,7 @@ def test_restart_resets_sglang_series_and_truth_keeps_counting():
     )
 
 
-def test_simulate_cli_serves_a_mixed_fleet():
+def test_simulate_cli_serves_a_mixed_fleet() -> None:
     from fleetscope_sim.server import serve_forever
 
     stop, ready, lines = threading.Event(), threading.Event(), []

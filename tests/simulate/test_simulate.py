@@ -704,7 +704,7 @@ def test_port_base_and_standalone_endpoint() -> None:
         server.stop()
 
 
-def test_cli_main_serves_for_a_duration(capsys) -> None:
+def test_cli_main_serves_for_a_duration(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["--prefill", "1", "--decode", "2", "--dp", "2", "--duration", "0.3"]) == 0
     out = capsys.readouterr().out
     assert "prefill0" in out and "decode1" in out and "/metrics" in out

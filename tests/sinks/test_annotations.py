@@ -275,7 +275,9 @@ def test_on_run_end_and_context_manager(grafana: FakeGrafana) -> None:
     assert "status:failed" in grafana.requests[-1]["body"]["tags"]
 
 
-def test_without_token(grafana: FakeGrafana, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+def test_without_token(
+    grafana: FakeGrafana, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.delenv("GRAFANA_TOKEN")
     ann = GrafanaAnnotator(grafana.url)
     assert ann.start_run("anon") == 1
@@ -293,7 +295,9 @@ def test_without_token(grafana: FakeGrafana, monkeypatch: pytest.MonkeyPatch, ca
 # --------------------------------------------------------------------------------- failures
 
 
-def test_server_error_never_raises_and_warns_once(grafana: FakeGrafana, caplog) -> None:
+def test_server_error_never_raises_and_warns_once(
+    grafana: FakeGrafana, caplog: pytest.LogCaptureFixture
+) -> None:
     grafana.mode = "500"
     ann = GrafanaAnnotator(grafana.url)
     with caplog.at_level(logging.WARNING, logger="fleetscope.sinks.grafana"):
@@ -318,7 +322,7 @@ def test_server_error_never_raises_and_warns_once(grafana: FakeGrafana, caplog) 
 
 
 @pytest.mark.parametrize("mode", ["garbage", "no-id"])
-def test_unusable_answer(grafana: FakeGrafana, mode: str, caplog) -> None:
+def test_unusable_answer(grafana: FakeGrafana, mode: str, caplog: pytest.LogCaptureFixture) -> None:
     grafana.mode = mode
     ann = GrafanaAnnotator(grafana.url)
     assert ann.start_run("r") is None
@@ -326,7 +330,9 @@ def test_unusable_answer(grafana: FakeGrafana, mode: str, caplog) -> None:
     assert _warnings(caplog)
 
 
-def test_server_that_never_answers_is_bounded(grafana: FakeGrafana, caplog) -> None:
+def test_server_that_never_answers_is_bounded(
+    grafana: FakeGrafana, caplog: pytest.LogCaptureFixture
+) -> None:
     grafana.mode = "hang"
     ann = GrafanaAnnotator(grafana.url, timeout=0.3)
     t0 = time.monotonic()
@@ -340,7 +346,7 @@ def test_server_that_never_answers_is_bounded(grafana: FakeGrafana, caplog) -> N
     assert any("ReadTimeout after 0.3 s" in m for m in _warnings(caplog))
 
 
-def test_nothing_listening(caplog) -> None:
+def test_nothing_listening(caplog: pytest.LogCaptureFixture) -> None:
     import socket
 
     with socket.socket() as s:  # a port that was free a moment ago: connection refused

@@ -301,7 +301,7 @@ def test_mlflow_trouble_never_raises(
     sink = MlflowSink(file_store, retry_after=3600)
     calls: list[int] = []
 
-    def broken(run_id, metrics=(), params=(), tags=(), **kw):
+    def broken(run_id, metrics=(), params=(), tags=(), **kw) -> None:
         calls.append(len(metrics))
         raise ConnectionError("tracking server down")
 
@@ -332,10 +332,10 @@ def test_tensorboard_trouble_never_raises(tmp_path: Path, caplog: pytest.LogCapt
     class Broken:
         _file_name = "x"
 
-        def add_event(self, event):
+        def add_event(self, event) -> None:
             raise OSError("disk full")
 
-        def close(self):
+        def close(self) -> None:
             raise OSError("disk full")
 
     real, sink._writer = sink._writer, Broken()

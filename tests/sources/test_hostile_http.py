@@ -72,7 +72,7 @@ class Hostile:
 
 
 class Rig:
-    def __init__(self, fleet: SimFleet, hostile: Hostile, collector: Collector):
+    def __init__(self, fleet: SimFleet, hostile: Hostile, collector: Collector) -> None:
         self.fleet, self.hostile, self.collector = fleet, hostile, collector
         self.truth = self._truth()
 
@@ -139,7 +139,7 @@ def _delta(view: FleetView, eid: str, sid: str) -> float:
 
 
 @pytest.mark.parametrize("value", ["+Inf", "NaN", "-5.0"])
-async def test_http_bad_counter_value_is_excluded_and_the_rest_is_exact(value):
+async def test_http_bad_counter_value_is_excluded_and_the_rest_is_exact(value) -> None:
     async with rig() as r:
         await r.poll(LOAD)
         bad = set_values(AFTER, GEN, value)
@@ -163,7 +163,7 @@ async def test_http_bad_counter_value_is_excluded_and_the_rest_is_exact(value):
         assert r.collector.summary()  # the run summary is built without raising
 
 
-async def test_http_plus_inf_on_the_first_scrape_is_no_false_restart():
+async def test_http_plus_inf_on_the_first_scrape_is_no_false_restart() -> None:
     async with rig() as r:
         await r.poll(set_values(LOAD, GEN, "+Inf"))
         v = await r.poll(AFTER)
@@ -183,7 +183,7 @@ def _flip(kind: str, x: float, y: float) -> str:
     )
 
 
-async def test_http_type_flip_gets_no_delta():
+async def test_http_type_flip_gets_no_delta() -> None:
     async with rig() as r:
         await r.poll(_flip("counter", 400, 10))
         await r.poll(_flip("gauge", 400, 20))
@@ -204,7 +204,7 @@ def _stamp(body: str, ts: str) -> str:
     )
 
 
-async def test_http_sample_timestamps_are_valid_on_every_scrape():
+async def test_http_sample_timestamps_are_valid_on_every_scrape() -> None:
     async with rig() as r:
         await r.poll(_stamp(LOAD, "1700000000000"))
         v = await r.poll(_stamp(AFTER, "1700000005000"))
@@ -219,7 +219,7 @@ def _cut_after(body: str, pattern: str) -> str:
     return body[: m.end()]
 
 
-async def test_http_histogram_cut_short_is_excluded():
+async def test_http_histogram_cut_short_is_excluded() -> None:
     async with rig() as r:
         await r.poll(LOAD)
         cut = _cut_after(AFTER, r'^vllm:time_to_first_token_seconds_bucket\{.*le="0\.1"')
@@ -233,7 +233,7 @@ async def test_http_histogram_cut_short_is_excluded():
         assert _delta(v, BAD, TTFT + "_count") == want
 
 
-async def test_http_rate_divides_by_the_interval_the_increase_spans():
+async def test_http_rate_divides_by_the_interval_the_increase_spans() -> None:
     async with rig() as r:
         await r.poll(LOAD)
         await r.poll(set_values(AFTER, GEN, "NaN"), dt=1.0)

@@ -58,7 +58,7 @@ def compare(got: dict[str, float], want: dict[str, float], label: str) -> int:
     return n
 
 
-def wait_for_state(prom: PrometheusServer, t: float, down: set[str], timeout: float = 30.0):
+def wait_for_state(prom: PrometheusServer, t: float, down: set[str], timeout: float = 30.0) -> None:
     """Every target scraped (started) after ``t``: ``down`` ones failed, the others succeeded."""
     deadline = time.monotonic() + timeout
     while True:
@@ -109,7 +109,7 @@ def check_rates(result: PollResult, prev: PollResult, prom: PrometheusServer, in
     return checked
 
 
-def test_prometheus_source_matches_direct_scraping():
+def test_prometheus_source_matches_direct_scraping() -> None:
     fleet = SimFleet(seed=5)
     for role, dp in zip(ROLES, DP, strict=True):
         fleet.add_endpoint(role=role, dp=dp)
@@ -214,7 +214,7 @@ def _drive(m: dict, k: int) -> None:
             m["ttft"].labels(e).observe(v)
 
 
-def test_openmetrics_underscore_names_map_back_and_new_families_are_typed():
+def test_openmetrics_underscore_names_map_back_and_new_families_are_typed() -> None:
     """One registry served twice: as OpenMetrics (Prometheus stores ``vllm_...``) and as
     classic text (``vllm:...``); both targets read through Prometheus give the same per-engine
     values as scraping the classic one directly. A counter family registered mid-run is a
@@ -283,7 +283,7 @@ async def _run_names(prom, names, classic_url, reg, m) -> None:
         await viaprom.stop()
 
 
-def test_render_maps_underscore_names_back():
+def test_render_maps_underscore_names_back() -> None:
     """``_render`` of samples stored as ``vllm_...`` gives a body parsed exactly like the
     ``vllm:`` original (types from metadata; bucket order from Prometheus does not matter)."""
     src = PrometheusSource("http://127.0.0.1:9")
@@ -334,7 +334,7 @@ def test_render_maps_underscore_names_back():
     assert got.start_time == want.start_time
 
 
-def test_a_target_scraped_while_reading_is_read_again():
+def test_a_target_scraped_while_reading_is_read_again() -> None:
     """Values and times come from one scrape: every query is evaluated at one time, and a
     target whose scrape time moved between the reads of ``timestamp(up)`` is read again."""
     seen_times: list[str] = []

@@ -62,7 +62,7 @@ class FakeVllmEngine:
     tag keys, "" outside Ray Serve); gauges are re-set every 0.2 s, as a running engine does
     every step (Ray expires a gauge ~2 report intervals after its last update)."""
 
-    def __init__(self, model_name: str, engine: int):
+    def __init__(self, model_name: str, engine: int) -> None:
         keys = (*LABELS, "ReplicaId")
         self.tags = {"model_name": model_name, "engine": str(engine), "ReplicaId": ""}
         self.prompt = ray_metrics.Counter(
@@ -181,7 +181,7 @@ def _record(actors, plan) -> None:
     ray.get([a.record.remote(*p) for a, p in zip(actors, plan, strict=True)], timeout=30)
 
 
-def test_worker_ids_from_actor_handles(engines):
+def test_worker_ids_from_actor_handles(engines) -> None:
     actors, wids = engines
     assert len(set(wids)) == 3 and all(re.fullmatch(r"[0-9a-f]{56}", w) for w in wids)
     # Ray's actor table, read for the handles (works without the dashboard)
@@ -192,7 +192,9 @@ def test_worker_ids_from_actor_handles(engines):
     assert ident.roles == {wids[0]: "prefill", wids[1]: "decode"}
 
 
-async def test_collector_counts_exactly_the_own_engines(engines, caplog):
+async def test_collector_counts_exactly_the_own_engines(
+    engines, caplog: pytest.LogCaptureFixture
+) -> None:
     actors, wids = engines
     own_p, own_d, twin = wids
     url = _agent_url()
@@ -254,7 +256,7 @@ async def test_collector_counts_exactly_the_own_engines(engines, caplog):
     ]
 
 
-async def test_identity_lookup_from_actor_handles(engines):
+async def test_identity_lookup_from_actor_handles(engines) -> None:
     actors, wids = engines
 
     def lookup() -> RayIdentity:
@@ -273,7 +275,7 @@ async def test_identity_lookup_from_actor_handles(engines):
     assert {e.role for e in view.engines.values()} == {"prefill", "decode"}
 
 
-def test_failed_lookup_for_a_dead_actor(engines, ray_cluster):
+def test_failed_lookup_for_a_dead_actor(engines, ray_cluster) -> None:
     """A lookup that cannot succeed raises (RaySource turns that into a disabled source)."""
     actor = FakeVllmEngine.remote(MODEL, 5)
     ray.get(actor.worker_id.remote(), timeout=60)
@@ -288,7 +290,9 @@ def test_failed_lookup_for_a_dead_actor(engines, ray_cluster):
         raise AssertionError("a killed actor still resolves to a worker id")
 
 
-async def test_a_restarted_actor_is_re_resolved_and_counted_from_its_start(engines, caplog):
+async def test_a_restarted_actor_is_re_resolved_and_counted_from_its_start(
+    engines, caplog: pytest.LogCaptureFixture
+) -> None:
     """An actor restarts (``max_restarts``) in a new worker under a new worker id. With an
     ``identity_lookup``, RaySource looks it up again, follows the new worker, and counts
     the new process from 0: the work it did before fleetscope first saw it is not lost."""

@@ -63,7 +63,7 @@ async def polls(src: RaySource, n: int):
 class FakeAgents(HttpSource):
     """The real HttpSource (parser, fast path) with bodies served from memory, per node."""
 
-    def __init__(self, *bodies: str):
+    def __init__(self, *bodies: str) -> None:
         super().__init__(identity_labels=RAY_AGENT_IDENTITY)
         self.bodies = list(bodies)
         self.fetched: list[str] = []
@@ -91,7 +91,7 @@ def source(identity: RayIdentity | None, *bodies: str, **kw) -> RaySource:
     ids=["worker-ids", "worker-ids+model-name"],
 )
 @pytest.mark.parametrize("name", ["ray_default.prom", "ray_default_after_kill_twin.prom"])
-def test_own_engines_kept_twin_and_foreign_dropped(name, identity):
+def test_own_engines_kept_twin_and_foreign_dropped(name, identity) -> None:
     body = fixture_text(name)
     kept, roles, dropped = RaySource(identity).filter(parse(body))
     assert sorted(kept) == sorted([f"{OWN0[:8]}-0", f"{OWN1[:8]}-1"])
@@ -114,7 +114,7 @@ def test_own_engines_kept_twin_and_foreign_dropped(name, identity):
     assert 1000.0 not in values and 5.0 not in values
 
 
-async def test_two_polls_count_exactly_the_own_increase(caplog):
+async def test_two_polls_count_exactly_the_own_increase(caplog: pytest.LogCaptureFixture) -> None:
     """ray_default -> after_kill_twin, edited: own engines +10 / +3 prompt tokens, the dead
     twin's left-over counter +500 and the foreign one +5. Only the own +13 counts."""
     second = fixture_text("ray_default_after_kill_twin.prom")
@@ -166,7 +166,7 @@ def _vllm_families(body: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("name", "meta"), [("ray_vllm_default.prom", VLLM_META), ("ray_vllm_ocdefault.prom", OC_META)]
 )
-def test_vllm_actor_is_one_engine_under_vllm_names(name, meta):
+def test_vllm_actor_is_one_engine_under_vllm_names(name, meta) -> None:
     body = fixture_text(name)
     wid = meta["identity"]["worker_id"]
     kept, _, dropped = RaySource(RayIdentity(worker_ids={wid})).filter(parse(body))
@@ -190,7 +190,7 @@ def test_vllm_actor_is_one_engine_under_vllm_names(name, meta):
     )
 
 
-def test_opencensus_counters_lack_worker_id_and_model_name_fallback_works():
+def test_opencensus_counters_lack_worker_id_and_model_name_fallback_works() -> None:
     body = fixture_text("ray_vllm_ocdefault.prom")
     gen = r"^ray_vllm_generation_tokens(_total)?\{"
     assert "WorkerId" not in next(ln for ln in body.splitlines() if re.match(gen, ln))
@@ -207,7 +207,7 @@ def test_opencensus_counters_lack_worker_id_and_model_name_fallback_works():
     assert len(kept) == 0 and dropped == 1
 
 
-async def test_vllm_two_polls_through_collector():
+async def test_vllm_two_polls_through_collector() -> None:
     wid = VLLM_META["identity"]["worker_id"]
     src = RaySource(
         RayIdentity(worker_ids={wid}, roles={wid: "decode"}),
@@ -229,7 +229,7 @@ async def test_vllm_two_polls_through_collector():
     )
 
 
-def test_pieces_merge_into_one_stable_layout():
+def test_pieces_merge_into_one_stable_layout() -> None:
     body = fixture_text("ray_vllm_default.prom")
     wid = VLLM_META["identity"]["worker_id"]
     src = RaySource(RayIdentity(worker_ids={wid}))
@@ -242,7 +242,7 @@ def test_pieces_merge_into_one_stable_layout():
 # --------------------------------------------------------------------------- never silent
 
 
-async def test_filtering_everything_away_warns(caplog):
+async def test_filtering_everything_away_warns(caplog: pytest.LogCaptureFixture) -> None:
     src = source(RayIdentity(worker_ids={"f" * 56}), fixture_text("ray_default.prom"))
     with caplog.at_level(logging.WARNING, logger="fleetscope"):
         results = await src.scrape()
@@ -251,7 +251,9 @@ async def test_filtering_everything_away_warns(caplog):
     assert any("identity filter removed everything" in r.getMessage() for r in caplog.records)
 
 
-async def test_no_vllm_metrics_at_all_warns_after_a_few_polls(caplog):
+async def test_no_vllm_metrics_at_all_warns_after_a_few_polls(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     body = drop_lines(fixture_text("ray_default.prom"), r"^ray_vllm_")
     src = source(RayIdentity(worker_ids={OWN0}), body)
     with caplog.at_level(logging.WARNING, logger="fleetscope"):
@@ -260,7 +262,7 @@ async def test_no_vllm_metrics_at_all_warns_after_a_few_polls(caplog):
     assert any("without any vLLM metric" in r.getMessage() for r in caplog.records)
 
 
-async def test_opencensus_without_usable_identity_warns(caplog):
+async def test_opencensus_without_usable_identity_warns(caplog: pytest.LogCaptureFixture) -> None:
     # WorkerId-less counters and gauges that no engine's histograms (with WorkerId) explain:
     # a worker-id identity cannot match them, and says so
     body = drop_lines(fixture_text("ray_vllm_ocdefault.prom"), r"^ray_vllm_.*WorkerId=")
@@ -288,7 +290,9 @@ def _slow() -> RayIdentity:
         (RayIdentity, "no worker ids"),
     ],
 )
-async def test_identity_lookup_failure_disables_only_the_source(caplog, lookup, why):
+async def test_identity_lookup_failure_disables_only_the_source(
+    caplog: pytest.LogCaptureFixture, lookup, why
+) -> None:
     src = source(None, fixture_text("ray_default.prom"), identity_lookup=lookup, lookup_timeout=0.3)
     with caplog.at_level(logging.WARNING, logger="fleetscope"):
         t0 = time.monotonic()
@@ -302,7 +306,7 @@ async def test_identity_lookup_failure_disables_only_the_source(caplog, lookup, 
     assert src.http.fetched == []  # nothing scraped without an identity
 
 
-async def test_identity_lookup_success_runs_once():
+async def test_identity_lookup_success_runs_once() -> None:
     calls = []
 
     def lookup():
@@ -318,7 +322,7 @@ async def test_identity_lookup_success_runs_once():
 # --------------------------------------------------------------------------- pieces
 
 
-def test_discover_agents():
+def test_discover_agents() -> None:
     dead = dict(NODE, NodeID="00" * 28, Alive=False, alive=False)
     v6 = dict(NODE, NodeID="ff" * 28, NodeManagerAddress="fd00::2")
     eps = discover_agents([v6, dead, NODE])
@@ -327,7 +331,7 @@ def test_discover_agents():
     assert eps[1].url == f"http://[fd00::2]:{NODE['MetricsExportPort']}"
 
 
-def test_decode_label():
+def test_decode_label() -> None:
     w = OWN0
     assert decode_label(f"{w}/tiny-llama/0") == AgentEngine("", w, "tiny-llama", "0")
     assert decode_label(f"rep1/{w}/Qwen/Qwen2.5-0.5B/1") == AgentEngine(
@@ -345,7 +349,7 @@ def test_decode_label():
     )
 
 
-def test_labels_are_safe_engine_ids():
+def test_labels_are_safe_engine_ids() -> None:
     """A model-name identity must not put "." or "/" in engine ids (the collector splits
     `{endpoint}.{label}` at the last "."; keys are "/" paths)."""
     body = fixture_text("ray_vllm_ocdefault.prom").replace("tiny-llama", "org/model-1.5B")
@@ -355,7 +359,7 @@ def test_labels_are_safe_engine_ids():
     assert "." not in label and "/" not in label and label.endswith("-0")
 
 
-async def test_a_steady_foreign_count_after_a_dead_first_poll_is_no_restart():
+async def test_a_steady_foreign_count_after_a_dead_first_poll_is_no_restart() -> None:
     """Re-lookups are for restarts: own ids missing, or *new* foreign engines. Foreign engines
     that were there all along are not new, even when the agents did not answer the first
     poll (nothing was counted then, not zero)."""
@@ -420,7 +424,7 @@ def _replicas_body(workers: dict[str, str | None], kv: dict[str, float]) -> str:
     [{"r1": "a" * 56, "r2": "b" * 56}, {"r1": None, "r2": None}],
     ids=["worker-ids", "no-worker-ids"],
 )
-def test_replicas_without_an_engine_tag_stay_separate_engines(workers):
+def test_replicas_without_an_engine_tag_stay_separate_engines(workers) -> None:
     """Distinct ReplicaIds whose samples have no `engine` tag were one engine (KV usage
     summed: 0.9); each replica is its own engine."""
     body = _replicas_body(workers, {"r1": 0.25, "r2": 0.65})
@@ -472,7 +476,7 @@ def _opencensus_default(body: str) -> str:
     return "\n".join(out)
 
 
-def test_opencensus_foreign_engines_are_counted_once():
+def test_opencensus_foreign_engines_are_counted_once() -> None:
     """The OpenCensus case of ray_default: the truth (ray_default_meta.json) is 4 actors, 2 of
     them the run's own, so 2 foreign. The WorkerId-less piece that own0 and its twin share
     (Ray summed them) is not a third foreign engine."""

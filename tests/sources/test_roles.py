@@ -51,7 +51,7 @@ class RouteServer(FleetServer):
         *,
         no_worker_info: Iterable[str] = (),
         kv_consumers: Iterable[str] = (),
-    ):
+    ) -> None:
         super().__init__(fleet)
         self.no_worker_info = set(no_worker_info)
         self.kv_consumers = set(kv_consumers)
@@ -124,7 +124,9 @@ def _capture(caplog: pytest.LogCaptureFixture) -> None:
 # --------------------------------------------------------------------------- discovery
 
 
-async def test_roles_from_worker_info_after_the_first_poll(caplog) -> None:
+async def test_roles_from_worker_info_after_the_first_poll(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Four servers given as bare URLs (display names server0..server3): after the first poll
     the prefill and decode ones are in their scopes, exactly, and each was asked once."""
     specs = [
@@ -186,7 +188,7 @@ async def test_roles_from_worker_info_after_the_first_poll(caplog) -> None:
     assert {r.engine_id: r.role for r in terminal.last_rows}["server2.1"] == "decode"
 
 
-async def test_without_the_route_no_role_and_no_warning(caplog) -> None:
+async def test_without_the_route_no_role_and_no_warning(caplog: pytest.LogCaptureFixture) -> None:
     """A server that answers 404 to ``/get_metrics_worker_info`` keeps no role: asked once,
     nothing logged, its engines count in ``agg`` only."""
     specs = [{"role": "decode", "dp": 2}, {"role": "decode", "dp": 1}]
@@ -205,7 +207,7 @@ async def test_without_the_route_no_role_and_no_warning(caplog) -> None:
     assert view.engines["server1.0"].role is None
 
 
-async def test_kv_consumer_gauge_marks_a_decode_server(caplog) -> None:
+async def test_kv_consumer_gauge_marks_a_decode_server(caplog: pytest.LogCaptureFixture) -> None:
     """No worker-info route, but the KV-consumer gauge: a decode server. Without the gauge
     (server1) nothing is guessed."""
     specs = [{"role": "decode", "dp": 2}, {"role": "decode", "dp": 1}]
@@ -223,7 +225,7 @@ async def test_kv_consumer_gauge_marks_a_decode_server(caplog) -> None:
     assert fleetscope_warnings(caplog) == []
 
 
-async def test_explicit_roles_are_never_overridden(caplog) -> None:
+async def test_explicit_roles_are_never_overridden(caplog: pytest.LogCaptureFixture) -> None:
     """Roles given by the caller win over what the server says (worker info, KV gauge); the
     server is not even asked."""
     specs = [{"role": "prefill", "dp": 1}, {"role": "decode", "dp": 1}, {"role": None}]
@@ -254,7 +256,7 @@ async def test_explicit_roles_are_never_overridden(caplog) -> None:
     assert fleetscope_warnings(caplog) == []
 
 
-async def test_role_asked_at_the_first_successful_scrape(caplog) -> None:
+async def test_role_asked_at_the_first_successful_scrape(caplog: pytest.LogCaptureFixture) -> None:
     """An endpoint that is down at first is asked for its role once it answers, not before."""
     specs = [{"role": "decode", "dp": 1}, {"role": "prefill", "dp": 1}]
     async with served(specs) as (fleet, server):

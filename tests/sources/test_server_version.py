@@ -12,8 +12,7 @@ import pytest
 
 from conftest import DATA
 from fleetscope.exposition import parse
-from fleetscope.sources.base import ScrapeResult
-from fleetscope.sources.http.membership import Endpoint
+from fleetscope.sources.base import Endpoint, ScrapeResult
 from fleetscope.sources.http.server_version import (
     JUDGE_BODIES,
     ServerVersions,
@@ -51,7 +50,7 @@ async def _settle(sv: ServerVersions, ep: Endpoint, text: str, client) -> None:
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
 
 
-def test_version_tuple_and_expected_names():
+def test_version_tuple_and_expected_names() -> None:
     assert version_tuple("0.5.23") == (0, 5, 23)
     assert version_tuple("0.11.1rc2.dev3+gabc") == (0, 11, 1)
     assert version_tuple("0.5.2.post1") == (0, 5, 2)
@@ -65,7 +64,7 @@ def test_version_tuple_and_expected_names():
     }
 
 
-def test_sglang_version_from_server_info_and_a_missing_name_warned_once():
+def test_sglang_version_from_server_info_and_a_missing_name_warned_once() -> None:
     asked: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -100,7 +99,7 @@ def test_sglang_version_from_server_info_and_a_missing_name_warned_once():
     assert not any("sk-never" in m for _, _, m in warn.calls)
 
 
-def test_complete_body_no_warning_and_idle_body_not_judged():
+def test_complete_body_no_warning_and_idle_body_not_judged() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"version": "0.5.23"})
 
@@ -123,7 +122,9 @@ def test_complete_body_no_warning_and_idle_body_not_judged():
     assert sv._probes["idle"].judged is False and sv._probes["full"].judged is True
 
 
-def test_a_hanging_version_route_meets_its_deadline_and_backs_off(caplog):
+def test_a_hanging_version_route_meets_its_deadline_and_backs_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     release = asyncio.Event()
 
     async def handler(request: httpx.Request) -> httpx.Response:
@@ -159,7 +160,7 @@ def test_a_hanging_version_route_meets_its_deadline_and_backs_off(caplog):
     assert "/version of server0 unavailable: timed out" in text and "hunter2" not in text
 
 
-def test_http_source_reads_vllm_and_sglang_versions_from_the_simulator():
+def test_http_source_reads_vllm_and_sglang_versions_from_the_simulator() -> None:
     fleet = SimFleet.build(2, dp=1, engine_kind="mixed", seed=2)
     fleet.step(2.0)
 
@@ -181,7 +182,7 @@ def test_http_source_reads_vllm_and_sglang_versions_from_the_simulator():
 
 
 @pytest.mark.parametrize("payload", [{"version": 3}, {"version": "x" * 500}, ["0.1"]])
-def test_unusable_answers_are_no_version(payload):
+def test_unusable_answers_are_no_version(payload) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json=payload)
 
@@ -195,7 +196,7 @@ def test_unusable_answers_are_no_version(payload):
     assert sv.version("s") is None and sv._probes["s"].settled
 
 
-def test_an_idle_multiprocess_vllm_server_is_not_judged_until_it_served():
+def test_an_idle_multiprocess_vllm_server_is_not_judged_until_it_served() -> None:
     """A real DP=2 vLLM 0.32 body before any request: the counters exist at 0 but the engines'
     per-step gauges (running, waiting, KV usage) appear only once they stepped. No warning
     then; once tokens were generated, a missing gauge is warned about."""
@@ -225,7 +226,7 @@ def test_an_idle_multiprocess_vllm_server_is_not_judged_until_it_served():
     assert "vllm:num_requests_waiting" in call[2] and "num_requests_running" not in call[2]
 
 
-def test_an_sglang_prefill_server_is_not_expected_to_record_first_tokens():
+def test_an_sglang_prefill_server_is_not_expected_to_record_first_tokens() -> None:
     """SGLang's prefill server of a P/D pair records no TTFT (the decode server does): its
     complete body is judged without a warning, the decode server's too."""
 

@@ -185,7 +185,7 @@ def polls() -> list[list[EngineInput]]:
     return poll_sequence(seed=7)
 
 
-def test_inputs_cover_what_the_merge_must_handle(polls):
+def test_inputs_cover_what_the_merge_must_handle(polls) -> None:
     """The data really has roles, groups, mixed bucket layouts, restarts and baselines."""
     last = polls[-1]
     roles = {i.role for i in last}
@@ -209,7 +209,7 @@ def test_inputs_cover_what_the_merge_must_handle(polls):
 
 
 @pytest.mark.parametrize("poll_index", [0, 1, 2, 3])
-def test_merged_partials_equal_one_reduction(polls, poll_index):
+def test_merged_partials_equal_one_reduction(polls, poll_index) -> None:
     inputs = polls[poll_index]
     want = reduce_poll(inputs)
     rng = random.Random(1000 + poll_index)
@@ -220,7 +220,7 @@ def test_merged_partials_equal_one_reduction(polls, poll_index):
         assert_identical(sharded_reduce(inputs, splits), want)
 
 
-def test_extra_scopes_and_groups_in_one_part_only(polls):
+def test_extra_scopes_and_groups_in_one_part_only(polls) -> None:
     """A group whose engines are all in one part, and a declared scope no engine is in."""
     inputs = polls[-1]
     extra = ("empty-scope", "model-real")
@@ -232,7 +232,7 @@ def test_extra_scopes_and_groups_in_one_part_only(polls):
         assert_identical(sharded_reduce(inputs, splits, extra), want)
 
 
-def test_another_seed():
+def test_another_seed() -> None:
     for seed in (2,):
         inputs = poll_sequence(seed)[-1]
         want = reduce_poll(inputs)
@@ -241,7 +241,7 @@ def test_another_seed():
             assert_identical(sharded_reduce(inputs, random_splits(len(inputs), rng)), want)
 
 
-def test_shard_endpoints_is_contiguous_and_balanced():
+def test_shard_endpoints_is_contiguous_and_balanced() -> None:
     eps = [Endpoint(f"http://x{i}") for i in range(10)]
     for shards in (1, 2, 3, 4, 10, 20):
         parts = shard_endpoints(eps, shards)
@@ -350,7 +350,7 @@ async def _poll_all(collectors: dict[str, Collector]) -> tuple[dict, float, floa
     return views, t0, time.monotonic()
 
 
-def test_sharded_collector_matches_one_collector(ray_cluster):
+def test_sharded_collector_matches_one_collector(ray_cluster) -> None:
     fleet = _served_fleet()
     fleet.step(1.0)
     with FleetServer(fleet) as server:
@@ -482,7 +482,7 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
         assert n > 1000, n
 
 
-def test_sharded_collector_follows_fleet_changes(ray_cluster):
+def test_sharded_collector_follows_fleet_changes(ray_cluster) -> None:
     """add_endpoints / remove_endpoints on a sharded collector: an added endpoint goes to the
     emptiest shard (empty shards included), a removed one is dropped by its shard; a window
     across both changes has one collector's keys, the fleet's true total and coverage 1."""
@@ -567,7 +567,7 @@ def rl_clock_dependent(key: str) -> bool:
     return "_engine_seconds" in key or key.endswith(("_share", "sync/seconds", "seconds_total"))
 
 
-def test_sharded_collector_reports_the_same_rl_figures(ray_cluster):
+def test_sharded_collector_reports_the_same_rl_figures(ray_cluster) -> None:
     """Versions, skew, stale tokens, weight syncs, paused / asleep engines: the probes run in
     the driver and the shards' scrapes feed them, so a sharded collector reports exactly one
     collector's RL figures; its paused / asleep engine-seconds follow its own deltas."""

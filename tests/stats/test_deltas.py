@@ -67,7 +67,7 @@ def assert_all_exact(d, prev_body: str, cur_body: str, engine: str = "0", skip=(
 # --------------------------------------------------------------------------- 3.1 plain deltas
 
 
-def test_delta_is_current_minus_baseline_with_the_engines_own_seconds():
+def test_delta_is_current_minus_baseline_with_the_engines_own_seconds() -> None:
     d = engine_delta(snap(LOAD, 100.0), snap(AFTER, 112.5))
     assert d.seconds == 12.5
     assert not d.restarted and not d.baseline_only and d.series_reset == 0
@@ -83,7 +83,7 @@ def test_delta_is_current_minus_baseline_with_the_engines_own_seconds():
     assert math.isnan(delta_of(d, "vllm:generation_tokens_created"))
 
 
-def test_first_observation_is_only_a_baseline():
+def test_first_observation_is_only_a_baseline() -> None:
     b = Baselines()
     d = b.advance("server0.0", snap(AFTER, 0.0))
     assert d.baseline_only and d.seconds == 0.0
@@ -93,7 +93,7 @@ def test_first_observation_is_only_a_baseline():
 # --------------------------------------------------------------------------- 3.2 resets
 
 
-def test_reset_of_one_counter_leaves_others_intact():
+def test_reset_of_one_counter_leaves_others_intact() -> None:
     cur_body = set_values(AFTER, GEN, 5.0)  # dropped below the baseline's 25: restarted at 0
     d = engine_delta(snap(LOAD, 0.0), snap(cur_body, 10.0))
     assert not d.restarted
@@ -102,7 +102,7 @@ def test_reset_of_one_counter_leaves_others_intact():
     assert_all_exact(d, LOAD, cur_body, skip={"vllm:generation_tokens_total"})
 
 
-def test_reset_of_one_histogram_child_resets_the_whole_child_only():
+def test_reset_of_one_histogram_child_resets_the_whole_child_only() -> None:
     # TTFT restarted: its count (and every bucket/sum) is now below the baseline's
     ttft_all = r"^vllm:time_to_first_token_seconds_(bucket|count|sum)\{"
     cur_body = set_values(AFTER, ttft_all, lambda v: min(v, 1.0) * 0.5)
@@ -116,7 +116,7 @@ def test_reset_of_one_histogram_child_resets_the_whole_child_only():
     assert_all_exact(d, LOAD, cur_body, skip=ttft)
 
 
-def test_created_reset_counts_the_new_value_even_when_it_grew():
+def test_created_reset_counts_the_new_value_even_when_it_grew() -> None:
     """A series re-created (its `_created` moved) is reset even though its value is now above
     the baseline's: a decrease-only rule would count 15472 - 2550."""
     created = r'^vllm:prompt_tokens_created\{engine="0"'
@@ -140,7 +140,7 @@ def _restarted_body(body: str, *, move_start: bool = True, move_created: bool = 
     return out
 
 
-def test_process_restart_counts_every_series_from_zero_including_grown():
+def test_process_restart_counts_every_series_from_zero_including_grown() -> None:
     cur_body = _restarted_body(AFTER, move_start=True)
     cur = snap(cur_body, 10.0)
     d = engine_delta(snap(AFTER, 0.0), cur)
@@ -151,7 +151,7 @@ def test_process_restart_counts_every_series_from_zero_including_grown():
         assert d.delta[i] == cur.data[i], d.layout.slot_ids[i]
 
 
-def test_restart_evidenced_by_moved_created_values_without_process_start():
+def test_restart_evidenced_by_moved_created_values_without_process_start() -> None:
     prev_body = drop_lines(AFTER, r"^process_start_time_seconds$")
     cur_body = _restarted_body(prev_body, move_start=False, move_created=True)
     cur = snap(cur_body, 10.0)
@@ -160,7 +160,7 @@ def test_restart_evidenced_by_moved_created_values_without_process_start():
     assert delta_of(d, "vllm:generation_tokens_total") == 4000.0
 
 
-def test_restart_inferred_from_counters_dropping_in_multiprocess_mode():
+def test_restart_inferred_from_counters_dropping_in_multiprocess_mode() -> None:
     """dp2 (multiprocess mode): no `_created`, no process_start_time_seconds. Engine 0
     restarted; engine 1 did not and stays exact."""
     eng0 = r'^vllm:\w+(_total|_bucket|_count|_sum)\{engine="0"'
@@ -181,7 +181,7 @@ def test_restart_inferred_from_counters_dropping_in_multiprocess_mode():
     assert_all_exact(d1, DP_LOAD, cur_body, engine="1")
 
 
-def test_one_counter_reset_in_multiprocess_mode_is_not_a_restart():
+def test_one_counter_reset_in_multiprocess_mode_is_not_a_restart() -> None:
     cur_body = set_values(DP_LOAD, GEN, 3.0)
     cur_body = set_values(cur_body, PROMPT, lambda v: v + 10)
     p = Parser()
@@ -191,7 +191,9 @@ def test_one_counter_reset_in_multiprocess_mode_is_not_a_restart():
     assert delta_of(d, "vllm:prompt_tokens_total") == 10.0
 
 
-def test_restart_is_counted_and_logged_and_voids_nothing_else(caplog):
+def test_restart_is_counted_and_logged_and_voids_nothing_else(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     state = FleetState()
     parsers = {"server0": Parser(), "server1": Parser()}
 
@@ -221,7 +223,7 @@ def test_restart_is_counted_and_logged_and_voids_nothing_else(caplog):
 # --------------------------------------------------------------------------- 3.3 new series
 
 
-def test_lazily_created_series_count_their_whole_value():
+def test_lazily_created_series_count_their_whole_value() -> None:
     # the `length` child and a whole histogram child did not exist at the previous scrape
     prev_body = drop_lines(LOAD, r'^vllm:request_success_(total|created)\{.*"length"')
     prev_body = drop_lines(prev_body, r"^vllm:request_queue_time_seconds_")
@@ -241,7 +243,7 @@ def test_lazily_created_series_count_their_whole_value():
     assert_all_exact(d, prev_body, AFTER)
 
 
-def test_lazily_created_series_in_real_multiprocess_captures():
+def test_lazily_created_series_in_real_multiprocess_captures() -> None:
     """dp2_idle -> dp2_load (real): the API server's http_requests_total children and the
     engines' gauges first appear under load."""
     p = Parser()
@@ -263,7 +265,7 @@ def test_lazily_created_series_in_real_multiprocess_captures():
         )
 
 
-def test_histogram_bucket_missing_from_a_baseline_whose_count_was_zero_is_zero():
+def test_histogram_bucket_missing_from_a_baseline_whose_count_was_zero_is_zero() -> None:
     bucket = r'^vllm:time_to_first_token_seconds_bucket\{.*le="0\.25"'
     prev_body = drop_lines(IDLE, bucket)  # the idle baseline: _count 0
     assert sample_value(prev_body, TTFT_COUNT) == 0.0
@@ -272,7 +274,7 @@ def test_histogram_bucket_missing_from_a_baseline_whose_count_was_zero_is_zero()
     assert delta_of(d, "vllm:time_to_first_token_seconds_count") == 8.0
 
 
-def test_histogram_bucket_missing_from_a_baseline_with_observations_is_unknown():
+def test_histogram_bucket_missing_from_a_baseline_with_observations_is_unknown() -> None:
     bucket = r'^vllm:time_to_first_token_seconds_bucket\{.*le="0\.25"'
     prev_body = drop_lines(LOAD, bucket)  # _count 8: the missing bucket's old value is unknown
     d = engine_delta(snap(prev_body, 0.0), snap(AFTER, 10.0))
@@ -283,7 +285,7 @@ def test_histogram_bucket_missing_from_a_baseline_with_observations_is_unknown()
     assert delta_of(d, "vllm:time_to_first_token_seconds_count") == 42.0
 
 
-def test_series_that_vanishes_for_one_scrape_is_not_double_counted():
+def test_series_that_vanishes_for_one_scrape_is_not_double_counted() -> None:
     b = Baselines()
     gone = drop_lines(AFTER, r'^vllm:request_success_(total|created)\{.*"length"')
     back = set_values(AFTER, LENGTH, 49.0 + 7)
@@ -322,7 +324,7 @@ def _bump(body: str, engine: str, amount: float) -> str:
     )
 
 
-def test_engine_missing_from_one_scrape_keeps_its_baseline_and_next_delta_is_exact():
+def test_engine_missing_from_one_scrape_keeps_its_baseline_and_next_delta_is_exact() -> None:
     state, parsers = FleetState(), {}
     b0 = DP_LOAD
     b1 = drop_lines(_bump(b0, "0", 10), r'engine="1"')  # engine 1 absent from this body
@@ -340,7 +342,7 @@ def test_engine_missing_from_one_scrape_keeps_its_baseline_and_next_delta_is_exa
     assert r2.stats.engine("server0.1")["generation_tokens_total:rate"] == pytest.approx(7 / 12)
 
 
-def test_failed_endpoint_keeps_its_baseline_and_the_loss_is_visible():
+def test_failed_endpoint_keeps_its_baseline_and_the_loss_is_visible() -> None:
     state, parsers = FleetState(), {}
     bodies = {"server0": LOAD, "server1": LOAD}
     _poll(state, parsers, bodies, 0.0)
@@ -361,7 +363,7 @@ def _started_at(body: str, start: float) -> str:
     return set_values(out, r"^vllm:\w+_created\{", start + 20.0)
 
 
-def test_new_engine_that_started_after_the_previous_poll_counts_its_first_values():
+def test_new_engine_that_started_after_the_previous_poll_counts_its_first_values() -> None:
     state, parsers = FleetState(clock_skew=1.0), {}
     _poll(state, parsers, {"server0": LOAD}, 0.0)  # previous poll at WALL + 0
     late = _started_at(AFTER, WALL + 3.0)  # started 3 s after that poll
@@ -374,7 +376,7 @@ def test_new_engine_that_started_after_the_previous_poll_counts_its_first_values
     assert gen == (1998 - 25) + 1998
 
 
-def test_new_engine_without_proof_of_a_late_start_is_only_a_baseline():
+def test_new_engine_without_proof_of_a_late_start_is_only_a_baseline() -> None:
     state, parsers = FleetState(clock_skew=1.0), {}
     _poll(state, parsers, {"server0": LOAD}, 0.0)
     for name, start in (("early", WALL - 100.0), ("skew", WALL + 0.5)):
@@ -386,7 +388,7 @@ def test_new_engine_without_proof_of_a_late_start_is_only_a_baseline():
     assert r.deltas["dp.0"].baseline_only and r.deltas["dp.1"].baseline_only
 
 
-def test_baselines_never_corrupted_by_a_failed_parse():
+def test_baselines_never_corrupted_by_a_failed_parse() -> None:
     from fleetscope.exposition import ExpositionError
 
     state, parsers = FleetState(), {}
@@ -399,7 +401,7 @@ def test_baselines_never_corrupted_by_a_failed_parse():
     assert delta_of(r.deltas["server0.0"], "vllm:generation_tokens_total") == 1998 - 25
 
 
-def test_aggregate_after_differencing_per_engine():
+def test_aggregate_after_differencing_per_engine() -> None:
     """Two engines, one reset: the scope delta is the sum of per-engine deltas, not the
     difference of summed values (which would be negative here)."""
     state, parsers = FleetState(), {}

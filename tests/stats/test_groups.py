@@ -13,7 +13,7 @@ def _scrape(name: str, parser: Parser, body: str, t: float, groups=()) -> Scrape
     return ScrapeResult(name, parser.parse(body, time=t, wall_time=t), t, t, groups=groups)
 
 
-def test_group_by_model_and_endpoint_groups_are_scopes():
+def test_group_by_model_and_endpoint_groups_are_scopes() -> None:
     a0 = (SINGLE / "single_load.prom").read_text()
     a1 = (SINGLE / "single_after.prom").read_text()
     b0 = (SINGLE / "dp2_idle.prom").read_text().replace("tinymodel", "othermodel")
@@ -37,7 +37,7 @@ def test_group_by_model_and_endpoint_groups_are_scopes():
     assert f"inference/model:othermodel/{gen}/delta" in poll.keys
 
 
-def test_many_user_scopes_stay_within_the_key_budget():
+def test_many_user_scopes_stay_within_the_key_budget() -> None:
     """Hundreds of user scopes (one per model) do not blow the key budget: agg stays
     complete, the model scopes keep their headline metrics."""
     from fleetscope.keys import DEFAULT_KEY_BUDGET, KeyOptions

@@ -10,7 +10,12 @@ import numpy as np
 
 from conftest import fixture_text
 from fleetscope.exposition import Parser
-from fleetscope.stats.persist import _array, _floats, layout_from_data, layout_to_data
+from fleetscope.stats.persist import (
+    floats_from_json,
+    floats_to_json,
+    layout_from_data,
+    layout_to_data,
+)
 
 
 def test_float_arrays_round_trip_exactly_through_strict_json() -> None:
@@ -22,15 +27,15 @@ def test_float_arrays_round_trip_exactly_through_strict_json() -> None:
             a[rng.random(n) < 0.05] = np.inf
             a[rng.random(n) < 0.05] = -np.inf
             a[0] = -0.0 if n > 1 else a[0]
-        data = _floats(a)
+        data = floats_to_json(a)
         text = json.dumps(data, allow_nan=False)  # strict JSON: no NaN / Infinity literals
         assert all(type(x) in (float, str) for x in data)
         assert {x for x in data if isinstance(x, str)} <= {"NaN", "+Inf", "-Inf"}
-        back = _array(json.loads(text))
+        back = floats_from_json(json.loads(text))
         assert back.dtype == float and back.shape == a.shape
         np.testing.assert_array_equal(back, a)  # NaN == NaN here; values bit-exact
         assert np.array_equal(np.signbit(back), np.signbit(a))
-    assert _floats(np.array([1.5, 2.0])) == [1.5, 2.0]
+    assert floats_to_json(np.array([1.5, 2.0])) == [1.5, 2.0]
 
 
 def test_a_shared_layout_is_written_once_and_restored_as_one_object() -> None:
@@ -54,7 +59,10 @@ def test_the_isolation_childs_state_blob_round_trips_and_is_compressed() -> None
     a = rng.normal(size=400)
     a[rng.random(400) < 0.6] = np.nan  # as gauge peaks and unknown deltas are
     state = {
-        "windows": {f"server{i}.0": {"delta": _floats(a), "peak": _floats(a)} for i in range(64)}
+        "windows": {
+            f"server{i}.0": {"delta": floats_to_json(a), "peak": floats_to_json(a)}
+            for i in range(64)
+        }
     }
     blob = encode_state(state)
     assert decode_state(blob) == state

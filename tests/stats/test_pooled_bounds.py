@@ -26,7 +26,7 @@ def _buckets(text: str, family: str) -> dict[float, float]:
     return out
 
 
-def test_mixed_fleet_pooled_bounds_and_quantiles_from_the_text():
+def test_mixed_fleet_pooled_bounds_and_quantiles_from_the_text() -> None:
     fleet = SimFleet.build(4, dp=2, engine_kind="mixed", seed=11, wall_start=1.79e9)
     fleet.run(6.0, dt=0.5)
     state, parsers = FleetState(), {}
@@ -64,7 +64,7 @@ def test_mixed_fleet_pooled_bounds_and_quantiles_from_the_text():
     assert sglang["pooled_bounds"] == len(deltas["server1"]) - 1 == 18.0
 
 
-def test_no_observations_no_pooled_bounds():
+def test_no_observations_no_pooled_bounds() -> None:
     fleet = SimFleet.build(1, dp=1, seed=1)
     fleet.endpoints[0].set_arrival_rate(0.0)
     state, parser = FleetState(), Parser()
@@ -79,7 +79,7 @@ def test_no_observations_no_pooled_bounds():
     assert "p50" not in m and "pooled_bounds" not in m
 
 
-def test_pooled_bounds_in_poll_window_and_summary_keys_and_versions_in_summary():
+def test_pooled_bounds_in_poll_window_and_summary_keys_and_versions_in_summary() -> None:
     async def main() -> tuple[dict, dict, dict]:
         fleet = SimFleet.build(2, dp=2, engine_kind="mixed", seed=3)
         fleet.step(3.0)

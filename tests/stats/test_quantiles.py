@@ -97,19 +97,19 @@ def cumulative_buckets(draw) -> list[tuple[float, float]]:
 @example([(1.0, 0.0), (2.0, 4.0), (INF, 4.0)], 0.0)
 @example([(-1.0, 3.0), (INF, 4.0)], 0.5)
 @example([(INF, 4.0)], 0.5)
-def test_random_buckets_match_promql_reference(buckets, q):
+def test_random_buckets_match_promql_reference(buckets, q) -> None:
     assert same(ours(q, buckets), promql_bucket_quantile(q, buckets))
 
 
 @settings(max_examples=100, deadline=None)
 @given(cumulative_buckets(), quantile_arg)
-def test_cumulative_buckets_with_float_noise_match_promql_reference(buckets, q):
+def test_cumulative_buckets_with_float_noise_match_promql_reference(buckets, q) -> None:
     assert same(ours(q, buckets), promql_bucket_quantile(q, buckets))
 
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.integers(0, 50), min_size=len(TTFT), max_size=len(TTFT)))
-def test_vllm_ttft_layout_matches_promql_reference(per_bucket):
+def test_vllm_ttft_layout_matches_promql_reference(per_bucket) -> None:
     cum = np.cumsum(per_bucket).astype(float)
     buckets = list(zip(TTFT, cum, strict=True))
     for q in (0.5, 0.9, 0.99):
@@ -119,54 +119,54 @@ def test_vllm_ttft_layout_matches_promql_reference(per_bucket):
 # --------------------------------------------------------------------------- edge cases
 
 
-def test_rank_in_inf_bucket_returns_highest_finite_bound():
+def test_rank_in_inf_bucket_returns_highest_finite_bound() -> None:
     # 10 observations, 9 of them above the last finite bound: p50/p90/p99 are all in +Inf
     buckets = [(0.1, 1.0), (0.5, 1.0), (INF, 10.0)]
     for q in (0.5, 0.9, 0.99):
         assert ours(q, buckets) == 0.5 == promql_bucket_quantile(q, buckets)
 
 
-def test_lowest_bucket_interpolates_from_zero_when_its_bound_is_positive():
+def test_lowest_bucket_interpolates_from_zero_when_its_bound_is_positive() -> None:
     buckets = [(2.0, 10.0), (4.0, 10.0), (INF, 10.0)]
     assert ours(0.5, buckets) == pytest.approx(1.0)  # half of [0, 2]
     assert ours(0.5, buckets) == promql_bucket_quantile(0.5, buckets)
 
 
-def test_lowest_bucket_with_non_positive_bound_returns_that_bound():
+def test_lowest_bucket_with_non_positive_bound_returns_that_bound() -> None:
     buckets = [(-1.0, 5.0), (3.0, 10.0), (INF, 10.0)]
     assert ours(0.2, buckets) == -1.0 == promql_bucket_quantile(0.2, buckets)
     buckets = [(0.0, 5.0), (3.0, 10.0), (INF, 10.0)]
     assert ours(0.2, buckets) == 0.0
 
 
-def test_linear_interpolation_inside_a_bucket():
+def test_linear_interpolation_inside_a_bucket() -> None:
     buckets = [(1.0, 10.0), (2.0, 30.0), (INF, 30.0)]
     # rank 0.5 * 30 = 15: 5 of the 20 observations in (1, 2]
     assert ours(0.5, buckets) == pytest.approx(1.25)
 
 
-def test_no_observations_is_nan():
+def test_no_observations_is_nan() -> None:
     assert math.isnan(ours(0.5, [(1.0, 0.0), (INF, 0.0)]))
     assert math.isnan(pooled_quantiles([((1.0, INF), (0.0, 0.0))])[0])
 
 
-def test_missing_inf_bucket_is_nan():
+def test_missing_inf_bucket_is_nan() -> None:
     assert math.isnan(ours(0.5, [(1.0, 3.0), (2.0, 4.0)]))
 
 
-def test_fewer_than_two_buckets_is_nan():
+def test_fewer_than_two_buckets_is_nan() -> None:
     assert math.isnan(ours(0.5, [(INF, 4.0)]))
     assert math.isnan(bucket_quantile(0.5, [], []))
 
 
-def test_quantile_argument_out_of_range():
+def test_quantile_argument_out_of_range() -> None:
     b = [(1.0, 1.0), (INF, 2.0)]
     assert ours(-0.5, b) == -INF
     assert ours(1.5, b) == INF
     assert math.isnan(ours(math.nan, b))
 
 
-def test_tiny_float_non_monotonicity_is_ignored():
+def test_tiny_float_non_monotonicity_is_ignored() -> None:
     # bucket rates computed in floating point: 3.0000000000001 then 3.0 (relative 3e-14)
     noisy = [(1.0, 3.0000000000001), (2.0, 3.0), (INF, 6.0)]
     clean = [(1.0, 3.0), (2.0, 3.0), (INF, 6.0)]
@@ -175,20 +175,20 @@ def test_tiny_float_non_monotonicity_is_ignored():
         assert same(ours(q, noisy), promql_bucket_quantile(q, noisy))
 
 
-def test_non_monotonic_counts_take_the_envelope():
+def test_non_monotonic_counts_take_the_envelope() -> None:
     buckets = [(1.0, 10.0), (2.0, 4.0), (3.0, 12.0), (INF, 12.0)]
     envelope = [(1.0, 10.0), (2.0, 10.0), (3.0, 12.0), (INF, 12.0)]
     for q in (0.25, 0.5, 0.9):
         assert ours(q, buckets) == ours(q, envelope) == promql_bucket_quantile(q, buckets)
 
 
-def test_equal_bounds_are_coalesced():
+def test_equal_bounds_are_coalesced() -> None:
     split = [(1.0, 2.0), (1.0, 3.0), (2.0, 10.0), (INF, 10.0)]
     merged = [(1.0, 5.0), (2.0, 10.0), (INF, 10.0)]
     assert ours(0.4, split) == ours(0.4, merged) == promql_bucket_quantile(0.4, split)
 
 
-def test_unsorted_buckets_are_sorted():
+def test_unsorted_buckets_are_sorted() -> None:
     b = [(INF, 10.0), (2.0, 10.0), (1.0, 5.0)]
     assert ours(0.5, b) == pytest.approx(1.0)
 
@@ -196,7 +196,7 @@ def test_unsorted_buckets_are_sorted():
 # --------------------------------------------------------------------------- pooling
 
 
-def test_identical_layouts_pool_to_promql_sum_by_le():
+def test_identical_layouts_pool_to_promql_sum_by_le() -> None:
     a = [0, 1, 3, 7, 7, 9, 9, 9, 9, 12]
     b = [1, 1, 1, 2, 8, 8, 9, 10, 11, 11]
     pooled_bounds, pooled = pool_buckets([(PROMPT_512, a), (PROMPT_512, b)])
@@ -209,7 +209,7 @@ def test_identical_layouts_pool_to_promql_sum_by_le():
         assert got == promql_bucket_quantile(q, summed)
 
 
-def test_mixed_bucket_layouts_pool_on_the_intersection_not_the_union():
+def test_mixed_bucket_layouts_pool_on_the_intersection_not_the_union() -> None:
     """docs/rules.md §3.5: two servers, max_model_len 512 and 1024. The 512 one sees 100 prompts of
     505 tokens (above its last finite bound, 500); the 1024 one sees 100 prompts of 400.
     Every prompt is <= 512 tokens."""
@@ -257,7 +257,7 @@ def test_mixed_bucket_layouts_pool_on_the_intersection_not_the_union():
         max_size=6,
     )
 )
-def test_pooled_counts_are_exact_at_every_shared_bound(engines):
+def test_pooled_counts_are_exact_at_every_shared_bound(engines) -> None:
     """Random engines with random layouts: the pooled cumulative count at each shared bound is
     the true number of observations (of all engines) at or below it."""
     hists = []
@@ -272,7 +272,7 @@ def test_pooled_counts_are_exact_at_every_shared_bound(engines):
         assert same(got, promql_bucket_quantile(q, list(zip(bounds, pooled, strict=True))))
 
 
-def test_unknown_bucket_deltas_drop_that_bound_of_that_engine_only():
+def test_unknown_bucket_deltas_drop_that_bound_of_that_engine_only() -> None:
     # engine b's delta at le=2 is unknown (NaN): the pooled layout skips le=2
     a = ((1.0, 2.0, 4.0, INF), [1.0, 2.0, 3.0, 4.0])
     b = ((1.0, 2.0, 4.0, INF), [0.0, math.nan, 5.0, 6.0])
@@ -281,6 +281,6 @@ def test_unknown_bucket_deltas_drop_that_bound_of_that_engine_only():
     assert list(pooled) == [1.0, 8.0, 10.0]
 
 
-def test_pool_of_nothing_is_empty():
+def test_pool_of_nothing_is_empty() -> None:
     bounds, pooled = pool_buckets([])
     assert bounds == () and len(pooled) == 0

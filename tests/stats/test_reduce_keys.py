@@ -70,7 +70,7 @@ def bucket_deltas(prev: str, cur: str, family: str, engine: str = "0"):
 # --------------------------------------------------------------------------- per engine, scopes
 
 
-def test_dp2_per_engine_metrics_and_scope_stats_from_the_text():
+def test_dp2_per_engine_metrics_and_scope_stats_from_the_text() -> None:
     res = observe([(0.0, {"server0": DP_IDLE}), (30.0, {"server0": DP_LOAD})])
     st = res.stats
     gen = {e: text_delta(DP_IDLE, DP_LOAD, "vllm:generation_tokens_total", e) for e in "01"}
@@ -100,7 +100,7 @@ def test_dp2_per_engine_metrics_and_scope_stats_from_the_text():
     assert st.scopes["agg"].engines == 2
 
 
-def test_histogram_rate_mean_and_pooled_quantiles_equal_promql_on_bucket_deltas():
+def test_histogram_rate_mean_and_pooled_quantiles_equal_promql_on_bucket_deltas() -> None:
     res = observe([(0.0, {"server0": DP_IDLE}), (30.0, {"server0": DP_LOAD})])
     agg = res.stats.scopes["agg"].metrics[TTFT.removeprefix("vllm:")]
     pooled: dict[float, float] = {}
@@ -128,7 +128,7 @@ def _with_1000_bucket(body: str, extra: float) -> str:
     return "\n".join(out)
 
 
-def test_mixed_bucket_layouts_in_one_scope_pool_on_shared_bounds_with_every_engine():
+def test_mixed_bucket_layouts_in_one_scope_pool_on_shared_bounds_with_every_engine() -> None:
     s1_prev, s1_cur = _with_1000_bucket(LOAD, 0.0), _with_1000_bucket(AFTER, 0.0)
     res = observe(
         [
@@ -148,7 +148,7 @@ def test_mixed_bucket_layouts_in_one_scope_pool_on_shared_bounds_with_every_engi
     assert res.stats.scopes["agg"].metrics["request_prompt_tokens"]["delta"] == 2 * n
 
 
-def test_rank_in_inf_bucket_gives_the_highest_finite_bound():
+def test_rank_in_inf_bucket_gives_the_highest_finite_bound() -> None:
     # every new TTFT observation above 2560 s: only _count, +Inf and _sum grow
     cur = set_values(LOAD, r"^vllm:time_to_first_token_seconds_(count|sum)\{", lambda v: v + 5)
     cur = set_values(
@@ -159,7 +159,7 @@ def test_rank_in_inf_bucket_gives_the_highest_finite_bound():
     assert m["p50"] == m["p90"] == m["p99"] == 2560.0
 
 
-def test_no_observations_means_no_quantile_key():
+def test_no_observations_means_no_quantile_key() -> None:
     res = observe([(0.0, {"server0": LOAD}), (5.0, {"server0": LOAD})])
     m = res.stats.scopes["agg"].metrics.get("time_to_first_token_seconds", {})
     assert not {"p50", "p90", "p99"} & set(m)
@@ -170,14 +170,14 @@ def test_no_observations_means_no_quantile_key():
     assert "inference/server0.0/time_to_first_token_seconds:mean" not in res.keys
 
 
-def test_nan_gauge_is_missing_in_keys_never_zero():
+def test_nan_gauge_is_missing_in_keys_never_zero() -> None:
     cur = set_values(AFTER, r"^vllm:kv_cache_usage_perc\{", "NaN")
     res = observe([(0.0, {"server0": LOAD}), (10.0, {"server0": cur})])
     assert not [k for k in res.keys if "kv_cache_usage_perc" in k]
     assert "kv_cache_usage_perc" not in res.stats.engine("server0.0")
 
 
-def test_kv_capacity_derived_from_cache_config_info():
+def test_kv_capacity_derived_from_cache_config_info() -> None:
     res = observe([(0.0, {"server0": LOAD}), (10.0, {"server0": AFTER})])
     line = next(ln for ln in AFTER.split("\n") if ln.startswith("vllm:cache_config_info{"))
     assert 'kv_cache_size_tokens="524288"' in line
@@ -188,7 +188,7 @@ def test_kv_capacity_derived_from_cache_config_info():
     assert res.keys["inference/server0.0/kv_cache_capacity_tokens"] == 4096 * 128
 
 
-def test_derived_ratios_from_the_real_interval():
+def test_derived_ratios_from_the_real_interval() -> None:
     res = observe([(0.0, {"server0": LOAD}), (10.0, {"server0": AFTER})])
     m = res.stats.engine("server0.0")
     fin = {
@@ -222,7 +222,7 @@ def _role_fleet():
     return [(0.0, polls_prev), (10.0, polls_cur)], roles
 
 
-def test_role_tails_decode_generation_min_comes_from_decode_engines():
+def test_role_tails_decode_generation_min_comes_from_decode_engines() -> None:
     polls, roles = _role_fleet()
     res = observe(polls, roles=roles)
     sc = res.stats.scopes
@@ -243,7 +243,7 @@ def test_role_tails_decode_generation_min_comes_from_decode_engines():
 # --------------------------------------------------------------------------- keys
 
 
-def test_prime_rl_key_schema():
+def test_prime_rl_key_schema() -> None:
     res = observe([(0.0, {"server0": LOAD}), (10.0, {"server0": AFTER})])
     k = res.keys
     assert k["inference/server0.0/generation_tokens_total:rate"] == pytest.approx(197.3)
@@ -255,7 +255,7 @@ def test_prime_rl_key_schema():
     assert all(math.isfinite(v) for v in k.values())
 
 
-def test_skyrl_key_schema():
+def test_skyrl_key_schema() -> None:
     polls, roles = _role_fleet()
     res = observe(polls, roles=roles, key_options=KeyOptions(schema="skyrl"))
     k = res.keys
@@ -303,7 +303,7 @@ def _big_fleet(n_endpoints: int = 512, *, roles: bool = True, seed: int = 0):
     return out, want
 
 
-def test_key_budget_with_1024_engines_keeps_tail_engines_by_name():
+def test_key_budget_with_1024_engines_keeps_tail_engines_by_name() -> None:
     inputs, want = _big_fleet()
     assert sum(1 for i in inputs if i.is_engine) == 1024
     stats = reduce_poll(inputs)
@@ -324,7 +324,7 @@ def test_key_budget_with_1024_engines_keeps_tail_engines_by_name():
     assert len(small) - n_scope <= max(0, 2000 - n_scope)
 
 
-def test_small_fleet_gets_every_engines_keys():
+def test_small_fleet_gets_every_engines_keys() -> None:
     res = observe([(0.0, {"server0": DP_IDLE}), (30.0, {"server0": DP_LOAD})])
     for e in ("server0.0", "server0.1"):
         assert f"inference/{e}/generation_tokens_total:rate" in res.keys

@@ -12,49 +12,41 @@ import sys
 from collections.abc import Sequence
 
 from fleetscope import __version__
-from fleetscope.cli._common import _add_sink_args, _headers_from_args, _role_and_url, build_sinks
+from fleetscope.cli._common import add_sink_args, build_sinks, headers_from_args, role_and_url
 from fleetscope.cli._dashboards import (
-    _add_grafana_parsers,
-    _add_wandb_dashboard_parser,
-    _dashboard_kinds,
+    add_grafana_parsers,
+    add_wandb_dashboard_parser,
     cmd_annotate,
     cmd_dashboard_grafana,
     cmd_dashboard_wandb,
+    dashboard_kinds,
 )
 from fleetscope.cli._demo import add_demo_parsers, cmd_demo, cmd_simulate
 from fleetscope.cli._inspect import (
     SourceError,
-    _print_table,
-    _read_source,
     add_inspect_parser,
     cmd_inspect,
+    print_table,
+    read_source,
 )
 from fleetscope.cli._watch import (
     ENDPOINTS_FILE_SETTLE_S,
-    _endpoints_from_args,
-    _follow_endpoints_file,
-    _watch_once,
     add_watch_parser,
     cmd_watch,
+    endpoints_from_args,
+    follow_endpoints_file,
     parse_endpoints_text,
     read_endpoints_file,
     read_stable_text,
+    watch_once,
 )
 
 __all__ = [
     "ENDPOINTS_FILE_SETTLE_S",
     "SourceError",
-    "_add_grafana_parsers",
-    "_add_sink_args",
-    "_add_wandb_dashboard_parser",
-    "_dashboard_kinds",
-    "_endpoints_from_args",
-    "_follow_endpoints_file",
-    "_headers_from_args",
-    "_print_table",
-    "_read_source",
-    "_role_and_url",
-    "_watch_once",
+    "add_grafana_parsers",
+    "add_sink_args",
+    "add_wandb_dashboard_parser",
     "build_parser",
     "build_sinks",
     "cmd_annotate",
@@ -64,10 +56,18 @@ __all__ = [
     "cmd_inspect",
     "cmd_simulate",
     "cmd_watch",
+    "dashboard_kinds",
+    "endpoints_from_args",
+    "follow_endpoints_file",
+    "headers_from_args",
     "main",
     "parse_endpoints_text",
+    "print_table",
     "read_endpoints_file",
+    "read_source",
     "read_stable_text",
+    "role_and_url",
+    "watch_once",
 ]
 
 
@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_parser(sub)
     add_watch_parser(sub)
     add_demo_parsers(sub)
-    _add_grafana_parsers(sub)
-    _add_wandb_dashboard_parser(sub)
+    add_grafana_parsers(sub)
+    add_wandb_dashboard_parser(sub)
     return p
 
 

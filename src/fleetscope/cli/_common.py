@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 if TYPE_CHECKING:
     from fleetscope.identity import Role
+    from fleetscope.sinks.base import Sink
+
+    #: what ``ArgumentParser.add_subparsers`` returns (generic only in typeshed)
+    Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-def _role_and_url(spec: str) -> tuple[Role | None, str]:
+def role_and_url(spec: str) -> tuple[Role | None, str]:
     """``URL`` (no role), or ``prefill=URL`` / ``decode=URL``."""
     role, sep, url = spec.partition("=")
     if not sep or "://" in role:
@@ -19,7 +23,7 @@ def _role_and_url(spec: str) -> tuple[Role | None, str]:
     return cast("Role", role), url.strip()
 
 
-def _headers_from_args(args: argparse.Namespace) -> dict[str, str]:
+def headers_from_args(args: argparse.Namespace) -> dict[str, str]:
     import os
 
     headers = {}
@@ -29,8 +33,8 @@ def _headers_from_args(args: argparse.Namespace) -> dict[str, str]:
     return headers
 
 
-def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list:
-    sinks: list = []
+def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list[Sink]:
+    sinks: list[Sink] = []
     if terminal:
         from fleetscope.sinks.terminal import TerminalSink
 
@@ -56,7 +60,7 @@ def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list:
     return sinks
 
 
-def _add_sink_args(p: argparse.ArgumentParser) -> None:
+def add_sink_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jsonl", default=None, help="append every poll to this JSONL file")
     p.add_argument("--wandb-project", default=None, help="log to this W&B project")
     p.add_argument("--wandb-entity", default=None)

@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetscope.cli._common import Subcommands
+
+# the ``dashboard KIND`` group of each ``dashboard`` parser
+_KINDS: weakref.WeakKeyDictionary[argparse.ArgumentParser, Subcommands] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def cmd_dashboard_grafana(args: argparse.Namespace) -> int:
@@ -58,23 +68,27 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     return 0 if ok or not args.strict else 1
 
 
-def _dashboard_kinds(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+def dashboard_kinds(sub: Subcommands) -> Subcommands:
     """The ``dashboard KIND`` group, created by whichever dashboard kind is added first."""
     dash = sub.choices.get("dashboard")
     if dash is None:
         dash = sub.add_parser("dashboard", help="generate dashboards from code")
-        dash.set_defaults(func=lambda a: dash.print_help() or 2)
-    kinds = getattr(dash, "fleetscope_kinds", None)
+
+        def dashboard_help(_args: argparse.Namespace) -> int:
+            dash.print_help()
+            return 2
+
+        dash.set_defaults(func=dashboard_help)
+    kinds = _KINDS.get(dash)
     if kinds is None:
-        kinds = dash.add_subparsers(dest="dashboard_kind", metavar="KIND")
-        dash.fleetscope_kinds = kinds
+        kinds = _KINDS[dash] = dash.add_subparsers(dest="dashboard_kind", metavar="KIND")
     return kinds
 
 
-def _add_grafana_parsers(sub: argparse._SubParsersAction) -> None:
+def add_grafana_parsers(sub: Subcommands) -> None:
     """``dashboard grafana`` and ``annotate`` (the ``dashboard`` group is shared with other
     dashboard kinds: it is created here only if nobody created it before)."""
-    kinds = _dashboard_kinds(sub)
+    kinds = dashboard_kinds(sub)
     g = kinds.add_parser(
         "grafana",
         help="a Grafana dashboard (JSON) for vLLM series scraped by Prometheus",
@@ -161,9 +175,9 @@ def cmd_dashboard_wandb(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_wandb_dashboard_parser(sub: argparse._SubParsersAction) -> None:
+def add_wandb_dashboard_parser(sub: Subcommands) -> None:
     """``dashboard wandb`` (the ``dashboard`` group is shared: created here if missing)."""
-    kinds = _dashboard_kinds(sub)
+    kinds = dashboard_kinds(sub)
     w = kinds.add_parser(
         "wandb",
         help="a W&B workspace view with the inference section (wandb-workspaces)",

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetscope.cli._common import Subcommands
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -33,7 +37,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_demo_parsers(sub: argparse._SubParsersAction) -> None:
+def add_demo_parsers(sub: Subcommands) -> None:
     """``simulate`` and ``demo``."""
     sim = sub.add_parser(
         "simulate",

@@ -7,13 +7,17 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetscope.cli._common import Subcommands
 
 
 class SourceError(Exception):
     """A body that could not be read within the bounds (size, time)."""
 
 
-def _read_source(
+def read_source(
     source: str, timeout: float, *, max_bytes: int | None = None
 ) -> tuple[bytes, float, float]:
     """A body from a file or a URL, with the (monotonic, wall) time it arrived.
@@ -58,8 +62,9 @@ def _read_source(
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from fleetscope.exposition import Parser
-    from fleetscope.fleet.state import FleetState, ScrapeResult
+    from fleetscope.fleet.state import FleetState
     from fleetscope.keys import KeyOptions
+    from fleetscope.sources.base import ScrapeResult
 
     parser = Parser()
     state = FleetState(key_options=KeyOptions(schema=args.schema))
@@ -71,7 +76,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if i == 1 and is_url and args.prev == args.cur:
             time.sleep(args.interval)
         try:
-            body, mono, wall = _read_source(src, args.timeout)
+            body, mono, wall = read_source(src, args.timeout)
             if not is_url:  # saved files: the interval is what the user says it was
                 mono = i * args.interval
             expo = parser.parse(body, time=mono, wall_time=wall)
@@ -90,11 +95,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         json.dump(keys, sys.stdout, indent=None if args.compact else 1)
         sys.stdout.write("\n")
         return 0
-    _print_table(keys, args)
+    print_table(keys, args)
     return 0
 
 
-def _print_table(keys: dict[str, float], args: argparse.Namespace) -> None:
+def print_table(keys: dict[str, float], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -114,7 +119,7 @@ def _print_table(keys: dict[str, float], args: argparse.Namespace) -> None:
     console.print(table)
 
 
-def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
+def add_inspect_parser(sub: Subcommands) -> None:
     """``inspect``."""
     ins = sub.add_parser(
         "inspect",

@@ -9,9 +9,10 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fleetscope.cli._common import _add_sink_args, _headers_from_args, _role_and_url, build_sinks
+from fleetscope.cli._common import add_sink_args, build_sinks, headers_from_args, role_and_url
 
 if TYPE_CHECKING:
+    from fleetscope.cli._common import Subcommands
     from fleetscope.collector.core import Collector
     from fleetscope.health import HealthThresholds
     from fleetscope.sources.http.source import Endpoint
@@ -20,13 +21,13 @@ if TYPE_CHECKING:
 Pause = Callable[[float], Awaitable[object]]
 
 
-def _endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
+def endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
     from fleetscope.sources.http.source import Endpoint
 
     eps = [Endpoint(url=u) for u in args.urls]
     for spec in args.role or []:
         try:
-            role, url = _role_and_url(spec)
+            role, url = role_and_url(spec)
         except ValueError:
             role = None
         if role is None:
@@ -64,7 +65,7 @@ def parse_endpoints_text(text: str) -> list[Endpoint]:
         if not line:
             continue
         try:
-            role, url = _role_and_url(line)
+            role, url = role_and_url(line)
         except ValueError as e:
             raise ValueError(f"line {lineno}: {e}") from None
         try:
@@ -100,7 +101,7 @@ async def read_stable_text(
     raise ValueError("still being written (it changed between reads); will read it again")
 
 
-async def _follow_endpoints_file(
+async def follow_endpoints_file(
     collector: Collector,
     path: str,
     fixed: Sequence[Endpoint],
@@ -175,7 +176,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from fleetscope.collector.signals import stop_on_signals
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    fixed = _endpoints_from_args(args)
+    fixed = endpoints_from_args(args)
     endpoints = list(fixed)
     initial_text = None
     if args.endpoints_file:
@@ -189,7 +190,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 f"fleetscope: endpoints file {args.endpoints_file}: {redact(str(e))}"
             ) from None
     if args.once:
-        return asyncio.run(_watch_once(args, endpoints))
+        return asyncio.run(watch_once(args, endpoints))
     terminal = not args.no_tui
     sinks = build_sinks(args, terminal=terminal)
     collector = Collector(
@@ -197,7 +198,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         interval=args.interval,
         sinks=sinks,
         timeout=args.timeout,
-        headers=_headers_from_args(args),
+        headers=headers_from_args(args),
         verify=not args.insecure,
         schema=args.schema,
         health_thresholds=_health_thresholds(args),
@@ -215,7 +216,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             follow = None
             if args.endpoints_file:
                 follow = asyncio.create_task(
-                    _follow_endpoints_file(
+                    follow_endpoints_file(
                         collector,
                         args.endpoints_file,
                         fixed,
@@ -248,7 +249,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -> int:
+async def watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -> int:
     import asyncio
 
     from fleetscope.collector.core import Collector
@@ -257,7 +258,7 @@ async def _watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -
         endpoints,
         interval=args.interval,
         timeout=args.timeout,
-        headers=_headers_from_args(args),
+        headers=headers_from_args(args),
         verify=not args.insecure,
         schema=args.schema,
         health_thresholds=_health_thresholds(args),
@@ -283,7 +284,7 @@ async def _watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -
     return 0 if view.endpoints_reporting == view.endpoints_expected else 1
 
 
-def add_watch_parser(sub: argparse._SubParsersAction) -> None:
+def add_watch_parser(sub: Subcommands) -> None:
     """``watch``."""
     from fleetscope.health import HealthThresholds
 
@@ -351,5 +352,5 @@ def add_watch_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--bearer-token", default=None, help="Authorization: Bearer token")
     w.add_argument("--bearer-env", default=None, help="read the bearer token from this env var")
     w.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
-    _add_sink_args(w)
+    add_sink_args(w)
     w.set_defaults(func=cmd_watch)

@@ -22,6 +22,7 @@ from typing import Any
 from fleetscope.collector.core import Collector
 from fleetscope.health import HealthThresholds
 from fleetscope.identity import Role
+from fleetscope.sinks.base import Sink
 from fleetscope.sinks.jsonl import JsonlSink
 from fleetscope.sinks.terminal import TerminalSink
 from fleetscope.sources.http.source import Endpoint
@@ -34,7 +35,7 @@ class DemoResult:
     out_dir: Path
     jsonl: Path
     wandb_dir: Path | None
-    summary: dict
+    summary: dict[str, float | str]
     polls: int
 
 
@@ -53,7 +54,7 @@ async def run_demo(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     jsonl_path = out_dir / "polls.jsonl"
-    sinks: list = [TerminalSink(live=live, title="fleetscope demo"), JsonlSink(jsonl_path)]
+    sinks: list[Sink] = [TerminalSink(live=live, title="fleetscope demo"), JsonlSink(jsonl_path)]
     wandb_dir = None
     if use_wandb:
         os.environ.setdefault("WANDB_SILENT", "true")  # the demo prints its own report

@@ -35,8 +35,7 @@ from fleetscope.collector.core import Collector
 from fleetscope.exposition import Exposition
 from fleetscope.fleet.state import PollResult
 from fleetscope.fleet.view import FleetView
-from fleetscope.sources.base import MembershipSource
-from fleetscope.sources.http.membership import Endpoint
+from fleetscope.sources.base import Endpoint, MembershipSource
 
 _PR_SET_PDEATHSIG = 1
 # how often a regular poll's reply carries the child's state (boundaries always do): the state

@@ -23,8 +23,8 @@ from typing import Any
 import fleetscope
 from fleetscope.fleet.config import CollectorConfig
 from fleetscope.identity import Role
-from fleetscope.sources.base import Departure, ScrapeResult
-from fleetscope.sources.http.membership import Endpoint, EndpointSet, Members
+from fleetscope.sources.base import Departure, Endpoint, ScrapeResult
+from fleetscope.sources.http.membership import EndpointSet, Members
 
 log = logging.getLogger("fleetscope")
 

@@ -35,8 +35,7 @@ from fleetscope.collector.backend import Publish
 from fleetscope.collector.link import ChildLink, ChildUnavailable
 from fleetscope.fleet.config import ISOLATION_AUTO_ENDPOINTS, CollectorConfig
 from fleetscope.fleet.view import FleetView
-from fleetscope.sources.base import Source
-from fleetscope.sources.http.membership import Endpoint
+from fleetscope.sources.base import Endpoint, Source
 from fleetscope.util.warn import RateLimitedWarner
 
 __all__ = ["ChildUnavailable", "ProcessBackend", "wants_process"]

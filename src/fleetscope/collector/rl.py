@@ -14,7 +14,7 @@ from typing import Any
 from fleetscope.fleet.config import CollectorConfig
 from fleetscope.fleet.pipeline import PollPipeline
 from fleetscope.rl.versions import WEIGHT_INFO_DEADLINE
-from fleetscope.sources.http.membership import Endpoint
+from fleetscope.sources.base import Endpoint
 
 
 class InlineRL:

@@ -29,8 +29,8 @@ from fleetscope.exposition import Exposition, InvalidSeries
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.fleet.config import CollectorConfig
 from fleetscope.identity import Role
-from fleetscope.sources.base import Departure, ScrapeResult
-from fleetscope.sources.http.membership import Endpoint, EndpointSet, Members
+from fleetscope.sources.base import Departure, Endpoint, ScrapeResult
+from fleetscope.sources.http.membership import EndpointSet, Members
 from fleetscope.sources.http.source import HttpSource
 
 # (label, layout token, values, process start, invalid series) of one engine ("" label: the

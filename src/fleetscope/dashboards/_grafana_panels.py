@@ -9,11 +9,11 @@ blocks are in :mod:`fleetscope.dashboards._grafana_promql`, the "RL loop" and "S
 from __future__ import annotations
 
 from fleetscope import catalog
-from fleetscope.dashboards._grafana_promql import _PanelSpec, _Promql, _Query
+from fleetscope.dashboards._grafana_promql import PanelSpec, Promql, Query
 from fleetscope.dashboards._grafana_rl import rl_row, sglang_row
 
 
-def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
+def panel_rows(p: Promql) -> list[tuple[str, list[PanelSpec]]]:
     r = p.role
     hit_rate_pooled = p.ratio(
         p.rate("prefix_cache_hits_total"), p.rate("prefix_cache_queries_total"), r
@@ -24,42 +24,42 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
     success = catalog.REQUEST_SUCCESS
     up_sel = "{" + p.filters + "}"
     fleet = [
-        _PanelSpec(
+        PanelSpec(
             "KV cache usage",
             "Fraction of KV cache blocks in use: fleet mean, and the least and most loaded engine.",
             "percentunit",
             p.gauge_mean_min_max(catalog.KV_USAGE),
             max=1.0,
         ),
-        _PanelSpec(
+        PanelSpec(
             "Preemptions / s",
             "Fleet total, and the engine preempting most (one engine out of KV shows here).",
             "ops",
             p.counter_sum_tail(catalog.PREEMPTIONS, "max"),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Running requests",
             "Requests in model execution batches: mean per engine, min and max engine.",
             "short",
             p.gauge_mean_min_max(catalog.RUNNING),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Waiting requests",
             "Requests waiting to be scheduled: mean per engine, min and max engine.",
             "short",
             p.gauge_mean_min_max(catalog.WAITING),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Prefix cache hit rate",
             "Pooled over the fleet (hits / queries, not a mean of ratios), and the worst engine.",
             "percentunit",
             (
-                _Query(hit_rate_pooled, f"pooled {{{{{r}}}}}"),
-                _Query(f"min by ({r}) ({hit_rate_engine})", f"min engine {{{{{r}}}}}"),
+                Query(hit_rate_pooled, f"pooled {{{{{r}}}}}"),
+                Query(f"min by ({r}) ({hit_rate_engine})", f"min engine {{{{{r}}}}}"),
             ),
             max=1.0,
         ),
-        _PanelSpec(
+        PanelSpec(
             "Generation tokens / s",
             "Fleet total, and the slowest generating engine. Prefill engines are left out of "
             "the minimum (they generate ~1 token per request and would pin it at 0, hiding a "
@@ -72,7 +72,7 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
                 tail_legend=f"min engine {{{{{r}}}}} (no prefill)",
             ),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Prompt tokens / s",
             "Fleet total, and the engine processing most prompt tokens.",
             "short",
@@ -80,25 +80,25 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
         ),
     ]
     latency = [
-        _PanelSpec(
+        PanelSpec(
             "Time to first token",
             "TTFT quantiles from pooled bucket rates, and the mean (sum / count).",
             "s",
             p.latency(catalog.TTFT),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Time per output token (per request)",
             "TPOT per request: quantiles and mean.",
             "s",
             p.latency(catalog.TPOT),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Inter-token latency",
             "ITL quantiles and mean.",
             "s",
             p.latency(catalog.ITL),
         ),
-        _PanelSpec(
+        PanelSpec(
             "End-to-end request latency",
             "E2E latency quantiles and mean.",
             "s",
@@ -106,24 +106,24 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
         ),
     ]
     requests = [
-        _PanelSpec(
+        PanelSpec(
             "Truncation share",
             'Share of finished requests that stopped at max tokens (finished_reason="length").',
             "percentunit",
             (
-                _Query(
+                Query(
                     p.ratio(p.rate(success, 'finished_reason="length"'), p.rate(success), r),
                     f"length / all {{{{{r}}}}}",
                 ),
             ),
             max=1.0,
         ),
-        _PanelSpec(
+        PanelSpec(
             "Finished requests / s",
             "By finish reason.",
             "reqps",
             (
-                _Query(
+                Query(
                     f"sum by (finished_reason, {r}) ({p.rate(success)})",
                     f"{{{{finished_reason}}}} {{{{{r}}}}}",
                 ),
@@ -131,32 +131,32 @@ def _panel_rows(p: _Promql) -> list[tuple[str, list[_PanelSpec]]]:
         ),
     ]
     health = [
-        _PanelSpec(
+        PanelSpec(
             "Scrape targets up",
             "Targets whose last scrape succeeded, and all targets.",
             "short",
             (
-                _Query(f"sum by (job, {r}) (up{up_sel})", f"up {{{{job}}}} {{{{{r}}}}}"),
-                _Query(f"count by (job, {r}) (up{up_sel})", f"targets {{{{job}}}} {{{{{r}}}}}"),
+                Query(f"sum by (job, {r}) (up{up_sel})", f"up {{{{job}}}} {{{{{r}}}}}"),
+                Query(f"count by (job, {r}) (up{up_sel})", f"targets {{{{job}}}} {{{{{r}}}}}"),
             ),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Engines reporting",
             "Engines that exposed KV cache usage in the last scrape.",
             "short",
             (
-                _Query(
+                Query(
                     f"count by ({r}) ({p.sel(catalog.KV_USAGE)})",
                     f"engines {{{{{r}}}}}",
                 ),
             ),
         ),
-        _PanelSpec(
+        PanelSpec(
             "Scrape duration",
             "Slowest scrape per job and role.",
             "s",
             (
-                _Query(
+                Query(
                     f"max by (job, {r}) (scrape_duration_seconds{up_sel})",
                     f"max {{{{job}}}} {{{{{r}}}}}",
                 ),

@@ -1,5 +1,5 @@
 """The Grafana dashboard's PromQL building blocks: panel and query specs, and the selectors
-and expressions for one naming style and role label (:class:`_Promql`), shared by the panel rows
+and expressions for one naming style and role label (:class:`Promql`), shared by the panel rows
 (:mod:`fleetscope.dashboards._grafana_panels`, :mod:`fleetscope.dashboards._grafana_rl`).
 """
 
@@ -14,33 +14,33 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 
 @dataclass(frozen=True)
-class _Query:
+class Query:
     expr: str
     legend: str
 
 
 @dataclass(frozen=True)
-class _PanelSpec:
+class PanelSpec:
     title: str
     description: str
     unit: str
-    queries: tuple[_Query, ...]
+    queries: tuple[Query, ...]
     max: float | None = None
 
 
 _SGLANG_RANK_0 = ",".join(f'{label}=~"|0"' for label in catalog.SGLANG_RANK_LABELS)
 
 
-def _native(metric: str, engine: str) -> str:
+def native_metric(metric: str, engine: str) -> str:
     """``engine``'s own name (no prefix) of a vLLM metric name, with its series suffix, from the
-    catalog: ``_native("num_requests_running", "sglang") == "num_running_reqs"``."""
+    catalog: ``native_metric("num_requests_running", "sglang") == "num_running_reqs"``."""
     suffix = "_total" if metric.endswith("_total") else ""
     base = metric.removesuffix(suffix)
     name = catalog.native_name("vllm:" + base, engine)
     return name.split(":", 1)[1] + suffix
 
 
-class _Promql:
+class Promql:
     """Builds the selectors and expressions, for one naming style and one role label."""
 
     def __init__(self, metric_prefix: str | None, role_label: str, job_var: str, role_var: str):
@@ -90,12 +90,12 @@ class _Promql:
         return f"{self.role}, instance, engine"
 
     # -- building blocks
-    def gauge_mean_min_max(self, name: str) -> tuple[_Query, ...]:
+    def gauge_mean_min_max(self, name: str) -> tuple[Query, ...]:
         s, r = self.sel(name), self.role
         return (
-            _Query(f"avg by ({r}) ({s})", f"mean {{{{{r}}}}}"),
-            _Query(f"min by ({r}) ({s})", f"min engine {{{{{r}}}}}"),
-            _Query(f"max by ({r}) ({s})", f"max engine {{{{{r}}}}}"),
+            Query(f"avg by ({r}) ({s})", f"mean {{{{{r}}}}}"),
+            Query(f"min by ({r}) ({s})", f"min engine {{{{{r}}}}}"),
+            Query(f"max by ({r}) ({s})", f"max engine {{{{{r}}}}}"),
         )
 
     def per_engine_rate(self, name: str, extra: str = "") -> str:
@@ -103,11 +103,11 @@ class _Promql:
 
     def counter_sum_tail(
         self, name: str, tail: str, *, tail_extra: str = "", tail_legend: str = ""
-    ) -> tuple[_Query, ...]:
+    ) -> tuple[Query, ...]:
         r = self.role
         return (
-            _Query(f"sum by ({r}) ({self.rate(name)})", f"sum {{{{{r}}}}}"),
-            _Query(
+            Query(f"sum by ({r}) ({self.rate(name)})", f"sum {{{{{r}}}}}"),
+            Query(
                 f"{tail} by ({r}) ({self.per_engine_rate(name, tail_extra)})",
                 tail_legend or f"{tail} engine {{{{{r}}}}}",
             ),
@@ -122,12 +122,12 @@ class _Promql:
         by: str = "",
         engine: str = "vllm",
         quantiles: tuple[float, ...] = QUANTILES,
-    ) -> tuple[_Query, ...]:
+    ) -> tuple[Query, ...]:
         """Quantiles (pooled bucket rates) and the mean, per role (and ``by``)."""
         r = f"{by}, {self.role}" if by else self.role
         legend = " ".join(f"{{{{{x.strip()}}}}}" for x in r.split(","))
         out = [
-            _Query(
+            Query(
                 f"histogram_quantile({q}, sum by (le, {r}) "
                 f"({self.rate(name + '_bucket', engine=engine)}))",
                 f"p{round(q * 100)} {legend}",
@@ -137,5 +137,5 @@ class _Promql:
         mean = self.ratio(
             self.rate(name + "_sum", engine=engine), self.rate(name + "_count", engine=engine), r
         )
-        out.append(_Query(mean, f"mean {legend}"))
+        out.append(Query(mean, f"mean {legend}"))
         return tuple(out)

@@ -34,7 +34,8 @@ class PublishResult:
     @property
     def url(self) -> str | None:
         try:
-            return self.workspace.url
+            url: str | None = self.workspace.url
+            return url
         except Exception:  # no internal name (never saved), or no W&B API at hand
             return None
 
@@ -82,7 +83,11 @@ def _name(metric: Any) -> str:
     return str(getattr(metric, "name", metric))
 
 
-def section_fingerprint(section: Any) -> tuple | None:
+#: a section's panels as (title, x axis, y keys) each
+SectionFingerprint = tuple[tuple[str | None, str, tuple[str, ...]], ...]
+
+
+def section_fingerprint(section: Any) -> SectionFingerprint | None:
     """What makes two inference sections the same: each panel's title, x axis and y keys."""
     if section is None:
         return None

@@ -50,10 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from fleetscope import catalog
-from fleetscope.dashboards._grafana_panels import _panel_rows
+from fleetscope.dashboards._grafana_panels import panel_rows
 from fleetscope.dashboards._grafana_promql import QUANTILES as QUANTILES
 from fleetscope.dashboards._grafana_promql import RATE as RATE
-from fleetscope.dashboards._grafana_promql import _native, _Promql
+from fleetscope.dashboards._grafana_promql import Promql, native_metric
 
 __all__ = [
     "DEFAULT_TITLE",
@@ -144,9 +144,9 @@ def build_dashboard(
     else:
         ds = dm.DataSourceRef(type_val="prometheus", uid=datasource)
 
-    promql = _Promql(metric_prefix, role_label, "job", "role")
+    promql = Promql(metric_prefix, role_label, "job", "role")
     # variables list the jobs / roles that serve vLLM or SGLang, not every scrape job
-    running = {e: _native(catalog.RUNNING, e) for e in ("vllm", "sglang")}
+    running = {e: native_metric(catalog.RUNNING, e) for e in ("vllm", "sglang")}
     job_probe = promql.any_engine(running)
     role_probe = promql.any_engine(running, 'job=~"$job"')
     builder = (
@@ -204,7 +204,7 @@ def build_dashboard(
         )
 
     panel_id = 0
-    for row_title, specs in _panel_rows(promql):
+    for row_title, specs in panel_rows(promql):
         panel_id += 1
         builder = builder.with_row(db.Row(row_title).id(panel_id))
         for spec in specs:

@@ -45,7 +45,8 @@ __all__ = [
 # yet: engines of one fleet mostly serve line-for-line identical bodies, so a fleet's first poll
 # costs one full parse per shape, not per endpoint. The fast path checks every line's head, so a
 # template that does not fit is simply not used.
-_SHARED_TEMPLATES: dict[tuple, Template] = {}
+# (identity labels, kept labels, line count)
+_SHARED_TEMPLATES: dict[tuple[tuple[str, ...] | None, tuple[str, ...] | None, int], Template] = {}
 _MAX_SHARED_TEMPLATES = 256
 
 

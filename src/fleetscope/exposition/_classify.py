@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from fleetscope.catalog import BREAKDOWN_LABELS, FAMILY_BREAKDOWNS, RAY_PREFIXES, canonical_family
 from fleetscope.exposition._syntax import ExpositionError, Sample, format_bound, parse_float
@@ -12,16 +13,18 @@ from fleetscope.exposition.snapshot import (
     EngineLayout,
     GaugeSeries,
     HistogramSeries,
-    Labels,
     format_series,
 )
+from fleetscope.exposition.textformat import Labels
 
 _SUFFIXES = ("_bucket", "_count", "_sum", "_created", "_total", "_gcount", "_gsum", "_info")
 CUMULATIVE_KINDS = frozenset({"counter", "bucket", "count", "sum"})
 
 # layouts by shape, shared by all parsers (bounded: a shape not in it only loses sharing);
 # one layout per shape keeps plans, alignments and reductions one matrix operation per shape
-LAYOUTS: dict[tuple, EngineLayout] = {}
+# (slot ids, their kinds, the info families and labels, the model name)
+LayoutKey = tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, Labels], ...], str | None]
+LAYOUTS: dict[LayoutKey, EngineLayout] = {}
 _MAX_LAYOUTS = 1024
 
 
@@ -34,6 +37,12 @@ class SeriesDraft:
     renamed: bool  # came from an old name; dropped when the current name is present
     model: str | None = None  # the sample's model_name label (summed away, kept for grouping)
     original: str | None = None  # the exposed family name (Ray's prefix undone), when mapped
+
+
+class _HistogramParts(TypedDict, total=False):
+    b: list[tuple[float, int]]  # (le, slot) per bucket
+    sum: int
+    count: int
 
 
 def classify(
@@ -157,7 +166,7 @@ def build_layout(
             kinds.append(d.kind)
         slot_map[id(d)] = slot
     slot_ids = tuple(ids)
-    key = (
+    key: LayoutKey = (
         slot_ids,
         tuple(kinds),
         tuple((d.family, d.labels) for _o, d, _v, _ln in rows if d.kind == "info"),
@@ -169,7 +178,7 @@ def build_layout(
         return cached, slot_map
     counters: list[CounterSeries] = []
     gauges: list[GaugeSeries] = []
-    hist_parts: dict[tuple[str, Labels], dict] = {}
+    hist_parts: dict[tuple[str, Labels], _HistogramParts] = {}
     info: dict[str, dict[str, str]] = {}
     created_of: dict[tuple[str, Labels], int] = {}
     seen: set[str] = set()
@@ -193,9 +202,12 @@ def build_layout(
         else:
             part = hist_parts.setdefault((d.family, d.labels), {"b": []})
             if d.kind == "bucket":
+                assert d.le is not None
                 part["b"].append((d.le, slot))
+            elif d.kind == "sum":
+                part["sum"] = slot
             else:
-                part[d.kind] = slot
+                part["count"] = slot
     counters = [
         CounterSeries(c.name, c.labels, c.slot, created_of.get((c.name, c.labels), -1))
         for c in counters

@@ -53,7 +53,11 @@ class SGLangBody:
     roles: dict[str, Role]
 
 
-def _rank_key(labels: dict[str, str]) -> tuple:
+# (0, rank, "") per rank label, (1, 0, text) when not a number: ordered numerically first
+RankKey = tuple[tuple[int, int, str], ...]
+
+
+def _rank_key(labels: dict[str, str]) -> RankKey:
     return tuple(
         (0, int(v), "") if v.isdigit() else (1, 0, v)
         for v in (labels.get(k, "") for k in SGLANG_RANK_LABELS)
@@ -115,8 +119,9 @@ def sglang_pass(
     only = {srv: next(iter(dps)) for srv, dps in dp_values.items() if len(dps) == 1}
     endpoint_families = {k for k, dps in shared_dp.items() if k[0] in several and dps <= {"0", ""}}
     engine_of_line: dict[int, str] = {}
-    lowest: dict[tuple, tuple] = {}  # (family, engine, server) -> the lowest rank
-    ranked: dict[int, tuple[tuple, tuple]] = {}
+    # (family, engine, server) -> the lowest rank
+    lowest: dict[tuple[str, str, tuple[str, ...]], RankKey] = {}
+    ranked: dict[int, tuple[tuple[str, str, tuple[str, ...]], RankKey]] = {}
     roles_seen: dict[str, set[str]] = {}
     for i, s, d, server in mine:
         labels = s.labels
@@ -145,5 +150,5 @@ def sglang_pass(
         if len(seen) == 1:
             r = SGLANG_ROLES.get(next(iter(seen)))
             if r is not None:
-                roles[eng] = r  # type: ignore[assignment]
+                roles[eng] = r
     return SGLangBody(parsed, engine_of_line, repeats, roles)

@@ -30,6 +30,7 @@ from fleetscope.exposition._syntax import (
     parse_sample,
 )
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot, without_groups
+from fleetscope.exposition.textformat import Labels
 from fleetscope.identity import Role
 
 _ENGINE_PREFIXES = tuple(RAY_PREFIXES.values())  # "vllm:", "sglang:" (names after mapping)
@@ -227,7 +228,7 @@ def build_template(
     ordinal: dict[str, int] = {}
     n_skip = 0
     samples: list[tuple[int, str, SeriesDraft, float, int]] = []  # (ord, engine, draft, v, ln)
-    seen_series: set[tuple] = set()
+    seen_series: set[tuple[str, Labels]] = set()
     eof_seen = False
     for i, line in enumerate(lines, 1):
         if eof_seen:

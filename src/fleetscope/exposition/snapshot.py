@@ -194,7 +194,9 @@ class EngineSnapshot(Mapping[str, float]):
         return None if i is None else float(self.data[i])
 
 
-_SUB_LAYOUTS: dict[tuple[EngineLayout, tuple[int, ...]], tuple] = {}
+_SUB_LAYOUTS: dict[
+    tuple[EngineLayout, tuple[int, ...]], tuple[EngineLayout, np.ndarray, frozenset[str]]
+] = {}
 
 
 def without_groups(

@@ -17,10 +17,10 @@ import numpy as np
 from fleetscope import catalog
 from fleetscope.keys.sets import (
     KeyDict,
-    _finite,
-    _histogram_of,
     compact_engine_column,
     compact_stats,
+    histogram_of,
+    is_finite,
 )
 from fleetscope.stats.reduce import PollStats, ScopeStats
 
@@ -84,10 +84,10 @@ def scope_keys(
                 if interval and kind == "total":
                     per_stat = {k: v for k, v in per_stat.items() if k == "delta"}
                 keep = compact_stats(
-                    metric, kind, _histogram_of(metric, kinds) is not None, interval
+                    metric, kind, histogram_of(metric, kinds) is not None, interval
                 )
                 for stat, v in per_stat.items():
-                    if (wanted is None or stat in wanted) and _finite(v):
+                    if (wanted is None or stat in wanted) and is_finite(v):
                         key = f"{base}{metric}/{stat}"
                         out[key] = v
                         if keep is not None and stat not in keep:
@@ -231,6 +231,6 @@ def interval_keys(
     for scope, s in stats.scopes.items():
         out[f"{base}/{scope}/engines"] = float(s.engines)
     for k, mv in meta.items():
-        if mv is not None and _finite(mv):
+        if mv is not None and is_finite(mv):
             out[f"{base}/{k}"] = float(mv)
     return out

@@ -18,7 +18,7 @@ KeySet = Literal["compact", "full"]
 KEY_SETS: tuple[KeySet, ...] = ("compact", "full")
 
 
-def _finite(v: float) -> bool:
+def is_finite(v: float) -> bool:
     return not (math.isnan(v) or math.isinf(v))
 
 
@@ -76,7 +76,7 @@ def _is_breakdown(metric: str) -> bool:
     return "{" in metric
 
 
-def _histogram_of(metric: str, kinds: Mapping[str, str]) -> str | None:
+def histogram_of(metric: str, kinds: Mapping[str, str]) -> str | None:
     """The histogram ``metric`` belongs to as its base name or ``:rate`` (observations/s)."""
     base = metric.removesuffix(":rate")
     return base if f"{base}_count" in kinds else None
@@ -133,5 +133,5 @@ def compact_engine_column(column: str, kinds: Mapping[str, str]) -> bool:
     kind = kinds.get(column)
     if kind == "total":
         return False
-    hist = _histogram_of(column, kinds) if kind == "rate" else None
+    hist = histogram_of(column, kinds) if kind == "rate" else None
     return hist is None or hist in COUNTED_HISTOGRAMS

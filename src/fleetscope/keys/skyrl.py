@@ -11,7 +11,7 @@ import numpy as np
 
 from fleetscope import catalog
 from fleetscope.catalog import DECODE_ONLY_METRICS
-from fleetscope.keys.sets import KeyDict, _finite
+from fleetscope.keys.sets import KeyDict, is_finite
 from fleetscope.stats.reduce import PollStats
 
 # SkyRL step key -> (our metric, our stat)
@@ -48,7 +48,7 @@ def _skyrl_position_keys(
         if metric.startswith("spec_decode_acceptance_rate_per_position{position="):
             pos = int(metric.split("=", 1)[1].rstrip("}"))
             v = per_stat.get("pooled")
-            if v is not None and _finite(v):
+            if v is not None and is_finite(v):
                 out[f"{sbase}draft_acceptance_rate_pos_{pos + 1}"] = v
 
 
@@ -91,7 +91,7 @@ def skyrl_keys(stats: PollStats, prefix: str = "vllm", window: str | None = None
             continue
         for key, (metric, stat) in SKYRL_STEP_KEYS.items():
             v = s.metrics.get(metric, {}).get(stat)
-            if v is not None and _finite(v):
+            if v is not None and is_finite(v):
                 out[sbase + key] = v
         _skyrl_position_keys(s.metrics, sbase, out)
         _cv_engine_keys(stats, scope, sbase, out)
@@ -136,12 +136,12 @@ def skyrl_interval_keys(
             if summary and key in _SKYRL_NOT_IN_SUMMARY:
                 continue
             v = s.metrics.get(metric, {}).get(stat)
-            if v is not None and _finite(v):
+            if v is not None and is_finite(v):
                 out[sbase + key] = v
         if summary:
             for key, metric in SKYRL_SUMMARY_TOTALS.items():
                 v = s.metrics.get(metric, {}).get("delta")
-                if v is not None and _finite(v):
+                if v is not None and is_finite(v):
                     out[sbase + key] = v
             secs = meta.get("active_seconds")
             if secs is not None:
@@ -151,6 +151,6 @@ def skyrl_interval_keys(
             _cv_engine_keys(stats, scope, sbase, out)
     for k in ("coverage", "failed_scrapes", "engine_restarts", "restarts_unseen_tail"):
         v = meta.get(k)
-        if v is not None and _finite(v):
+        if v is not None and is_finite(v):
             out[f"{base}/{k}"] = float(v)
     return out

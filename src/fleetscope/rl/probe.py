@@ -25,7 +25,7 @@ WEIGHT_INFO_BYTES = 64 * 1024  # the cap of every probe answer (they are a few b
 
 
 @dataclass
-class _Probe:
+class ProbeState:
     """What one endpoint's answers told us, and when to ask again."""
 
     answered: bool = False
@@ -43,7 +43,7 @@ class RouteProbe(Generic[T]):
         self.route = route
         self.parse = parse
         self.answers: dict[str, T] = {}  # endpoint -> its latest answer
-        self._probes: dict[str, _Probe] = {}
+        self._probes: dict[str, ProbeState] = {}
         self._lock = threading.RLock()
 
     def get(self, endpoint: str) -> T | None:
@@ -74,7 +74,7 @@ class RouteProbe(Generic[T]):
             if not getattr(ep, "base_url", None):
                 continue
             with self._lock:
-                p = self._probes.setdefault(ep.name, _Probe())
+                p = self._probes.setdefault(ep.name, ProbeState())
             if p.never or not p.backoff.due(now):
                 continue
             if p.task is None or p.task.done():
@@ -82,7 +82,9 @@ class RouteProbe(Generic[T]):
             tasks.append(p.task)
         return tasks
 
-    async def _ask(self, client: httpx.AsyncClient, ep: Any, p: _Probe, deadline: float) -> None:
+    async def _ask(
+        self, client: httpx.AsyncClient, ep: Any, p: ProbeState, deadline: float
+    ) -> None:
         from fleetscope.sources.http.client import ScrapeError, get_json
 
         try:

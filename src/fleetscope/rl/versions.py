@@ -36,7 +36,7 @@ import httpx
 
 from fleetscope import catalog
 from fleetscope.health import HealthEvent
-from fleetscope.rl.probe import WEIGHT_INFO_BYTES, RouteProbe, _Probe
+from fleetscope.rl.probe import WEIGHT_INFO_BYTES, ProbeState, RouteProbe
 from fleetscope.rl.spans import RL, LabelSpan, PollVersions
 from fleetscope.rl.spans import TokenSums as _Sums
 from fleetscope.rl.spans import share_keys as _share_keys
@@ -157,7 +157,7 @@ class PolicyVersions:
         return self._weights.answers
 
     @property
-    def _probes(self) -> dict[str, _Probe]:
+    def _probes(self) -> dict[str, ProbeState]:
         return self._weights._probes
 
     def served_index(self, endpoint: str) -> int | None:

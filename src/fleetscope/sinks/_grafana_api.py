@@ -54,12 +54,12 @@ def validate_grafana_url(url: str) -> str:
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
     return int(time.time() * 1000)
 
 
 @dataclass
-class _Region:
+class Region:
     """One annotation region: what was (or should have been) created."""
 
     time_ms: int

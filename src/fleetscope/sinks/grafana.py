@@ -54,7 +54,7 @@ from typing import Any
 
 import httpx
 
-from fleetscope.sinks._grafana_api import _now_ms, _Region, validate_grafana_url
+from fleetscope.sinks._grafana_api import Region, now_ms, validate_grafana_url
 from fleetscope.sinks.base import SinkBase
 from fleetscope.util.redact import redact
 from fleetscope.util.warn import RateLimitedWarner
@@ -119,10 +119,10 @@ class GrafanaAnnotator(SinkBase):
         self._client: httpx.Client | None = None
         self._lock = threading.RLock()
         self._warner = RateLimitedWarner(log, interval=warn_interval, prefix="fleetscope grafana: ")
-        self._run: _Region | None = None
+        self._run: Region | None = None
         self._run_attempted = False
         self._run_finished = False
-        self._windows: dict[str, _Region] = {}
+        self._windows: dict[str, Region] = {}
         self._closed = False
         #: counts of requests that failed, by kind (``transport``, ``http``, ``response``)
         self.failures: dict[str, int] = {}
@@ -196,7 +196,7 @@ class GrafanaAnnotator(SinkBase):
             self._fail("response", what, "response is not JSON")
             return None
 
-    def _body(self, region: _Region, time_end: int | None = None) -> dict[str, Any]:
+    def _body(self, region: Region, time_end: int | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"time": region.time_ms, "text": region.text, "tags": region.tags}
         if time_end is not None:
             body["timeEnd"] = time_end
@@ -206,7 +206,7 @@ class GrafanaAnnotator(SinkBase):
             body["panelId"] = self.panel_id
         return body
 
-    def _create(self, region: _Region, what: str, time_end: int | None = None) -> int | None:
+    def _create(self, region: Region, what: str, time_end: int | None = None) -> int | None:
         data = self._request("POST", "/api/annotations", self._body(region, time_end), what)
         if data is None:
             return None
@@ -217,8 +217,8 @@ class GrafanaAnnotator(SinkBase):
         region.id = ident
         return ident
 
-    def _end(self, region: _Region, extra_tags: Sequence[str], what: str) -> bool:
-        end = max(_now_ms(), region.time_ms)
+    def _end(self, region: Region, extra_tags: Sequence[str], what: str) -> bool:
+        end = max(now_ms(), region.time_ms)
         region.tags = [*region.tags, *(t for t in extra_tags if t not in region.tags)]
         if region.id is None:  # the start never reached Grafana: create the whole region now
             return self._create(region, what, time_end=end) is not None
@@ -241,8 +241,8 @@ class GrafanaAnnotator(SinkBase):
                 self.run_id = run_id
                 self._run_attempted = True
                 self._run_finished = False
-                self._run = _Region(
-                    _now_ms(), text or f"fleetscope run {run_id}", self._run_tags(run_id, tags)
+                self._run = Region(
+                    now_ms(), text or f"fleetscope run {run_id}", self._run_tags(run_id, tags)
                 )
                 return self._create(self._run, "start_run")
         except Exception as e:  # pragma: no cover - defensive: never raise
@@ -279,8 +279,8 @@ class GrafanaAnnotator(SinkBase):
             with self._lock:
                 if label in self._windows:
                     self.window_end(label)
-                region = _Region(
-                    _now_ms(),
+                region = Region(
+                    now_ms(),
                     text or f"{label} window",
                     self._run_tags(self.run_id, [f"window:{label}"]),
                 )
@@ -361,7 +361,7 @@ class GrafanaAnnotator(SinkBase):
         now and, with ``run_id`` / ``status``, reset its tags to this annotator's tags plus
         ``run-id:`` and ``status:``. Returns True if Grafana accepted it."""
         try:
-            body: dict[str, Any] = {"timeEnd": _now_ms()}
+            body: dict[str, Any] = {"timeEnd": now_ms()}
             if run_id is not None or status is not None:
                 tags = [*self.tags]
                 if run_id is not None:

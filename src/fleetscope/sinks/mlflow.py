@@ -160,14 +160,14 @@ class MlflowSink(SinkBase):
     def _experiment_id(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
-            return exp.experiment_id
+            return str(exp.experiment_id)
         try:
-            return self.client.create_experiment(name)
+            return str(self.client.create_experiment(name))
         except Exception:  # created by someone else meanwhile?
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
                 raise
-            return exp.experiment_id
+            return str(exp.experiment_id)
 
     # ------------------------------------------------------------------ keys
 

@@ -18,6 +18,8 @@ from fleetscope.identity import endpoint_of
 from fleetscope.sinks.base import Value
 
 if TYPE_CHECKING:
+    import logging
+
     from fleetscope.fleet.state import PollResult
 
 KV_FULL = 0.95
@@ -183,7 +185,8 @@ class TerminalSink:
         self.title = title
         self.max_rows = max_rows
         self._live: Any = None
-        self._log_swaps: list = []  # (logging handler, its own stream) while the view is live
+        # (logging handler, its own stream) while the view is live
+        self._log_swaps: list[tuple[logging.StreamHandler[IO[str]], IO[str]]] = []
         self._lock = threading.Lock()
         self.summary: dict[str, Value] = {}
         self.last_rows: list[EngineRow] = []

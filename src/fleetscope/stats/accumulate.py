@@ -28,10 +28,10 @@ from fleetscope.catalog import gauge_metric_name
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.identity import EngineId, endpoint_of
 from fleetscope.stats.deltas import EngineDelta
-from fleetscope.stats.engine_sum import _combine, _copy, _EngineSum
+from fleetscope.stats.engine_sum import EngineSum, combine_retired, copy_engine_sum
 from fleetscope.stats.persist import (
-    _id_json,
     engine_from_data,
+    engine_id_json,
     engine_to_data,
     layout_from_data,
     layout_to_data,
@@ -46,7 +46,7 @@ class Accumulator:
 
     def __init__(self, label: str):
         self.label = label
-        self.engines: dict[str, _EngineSum] = {}  # keyed by EngineId
+        self.engines: dict[str, EngineSum] = {}  # keyed by EngineId
         self.active_seconds = 0.0
         self.polls = 0
         self.failed_scrapes = 0
@@ -78,7 +78,7 @@ class Accumulator:
             self._last_present = {inp.engine_id for inp in inputs}
             self._last_poll_time = min(inp.delta.current.time for inp in inputs)
         # the sums of every engine of one layout are added as one matrix (see _add_rows)
-        by_layout: dict[EngineLayout, list[tuple[EngineDelta, _EngineSum]]] = {}
+        by_layout: dict[EngineLayout, list[tuple[EngineDelta, EngineSum]]] = {}
         pending: set[str] = set()
         for inp in inputs:
             d = inp.delta
@@ -88,7 +88,7 @@ class Accumulator:
                 by_layout, pending = {}, set()
             acc = self.engines.get(inp.engine_id)
             if acc is None:
-                acc = self.engines[inp.engine_id] = _EngineSum(
+                acc = self.engines[inp.engine_id] = EngineSum(
                     d.layout,
                     d.current,
                     np.zeros(len(d.current.data)),
@@ -146,7 +146,7 @@ class Accumulator:
         for eid, o in other.engines.items():
             acc = self.engines.get(eid)
             if acc is None:
-                self.engines[eid] = _copy(o)
+                self.engines[eid] = copy_engine_sum(o)
             else:
                 _add_sum(acc, o)
 
@@ -286,7 +286,7 @@ class Accumulator:
             "failed_scrapes": self.failed_scrapes,
             "engine_restarts": self.engine_restarts,
             "restarts_unseen_tail": self.restarts_unseen_tail,
-            "expected": [[_id_json(e), v] for e, v in self.expected.items()],
+            "expected": [[engine_id_json(e), v] for e, v in self.expected.items()],
             "engines": engines,
         }
 
@@ -305,18 +305,18 @@ class Accumulator:
         return acc
 
 
-def _add_sum(acc: _EngineSum, o: _EngineSum) -> None:
+def _add_sum(acc: EngineSum, o: EngineSum) -> None:
     """Add ``o``'s sums to ``acc`` (layouts realigned: series come and go)."""
     acc.realign(o.layout)
     acc.current = o.current
-    o2 = _copy(o)
+    o2 = copy_engine_sum(o)
     o2.realign(acc.layout)
     acc.delta = acc.delta + o2.delta
     acc.covered += o2.covered
     acc.spanned += o2.spanned
     acc.restarts += o2.restarts
     for sid, vals in o2.retired.items():  # absent from both layouts
-        acc.retired[sid] = _combine(acc.retired.get(sid), vals)
+        acc.retired[sid] = combine_retired(acc.retired.get(sid), vals)
     if o2.gauge_area is not None:
         assert o2.gauge_seconds is not None and o2.gauge_peak is not None
         if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
@@ -329,7 +329,7 @@ def _add_sum(acc: _EngineSum, o: _EngineSum) -> None:
             acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
 
 
-def _add_rows(layout: EngineLayout, rows: list[tuple[EngineDelta, _EngineSum]]) -> None:
+def _add_rows(layout: EngineLayout, rows: list[tuple[EngineDelta, EngineSum]]) -> None:
     """Add one poll's deltas of engines of one layout to their sums: unknown increases stay
     unknown (NaN) in cumulative slots, other slots add nothing; gauges add value x seconds,
     seconds and their peak where the value is known."""

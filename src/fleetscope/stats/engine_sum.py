@@ -12,7 +12,7 @@ from fleetscope.identity import Role
 
 
 @dataclass
-class _EngineSum:
+class EngineSum:
     layout: EngineLayout
     current: EngineSnapshot
     delta: np.ndarray  # summed per-slot increases (NaN: unknown for this window)
@@ -70,7 +70,7 @@ class _EngineSum:
         )
         if vals[0] == 0 and vals[1] == 0 and vals[2] == 0 and math.isnan(vals[3]):
             return  # nothing summed: nothing to keep
-        self.retired[sid] = _combine(self.retired.get(sid), vals)
+        self.retired[sid] = combine_retired(self.retired.get(sid), vals)
 
     def _restore(self, sid: str, j: int) -> None:
         d, area, secs, peak = self.retired.pop(sid)
@@ -86,7 +86,7 @@ class _EngineSum:
             self.gauge_peak[j] = np.fmax(self.gauge_peak[j], peak)
 
 
-def _combine(
+def combine_retired(
     a: tuple[float, float, float, float] | None, b: tuple[float, float, float, float]
 ) -> tuple[float, float, float, float]:
     if a is None:
@@ -94,8 +94,8 @@ def _combine(
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], float(np.fmax(a[3], b[3])))
 
 
-def _copy(a: _EngineSum) -> _EngineSum:
-    return _EngineSum(
+def copy_engine_sum(a: EngineSum) -> EngineSum:
+    return EngineSum(
         a.layout,
         a.current,
         a.delta.copy(),

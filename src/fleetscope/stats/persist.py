@@ -20,23 +20,23 @@ from fleetscope.exposition.snapshot import (
     HistogramSeries,
 )
 from fleetscope.identity import EngineId
-from fleetscope.stats.engine_sum import _EngineSum
+from fleetscope.stats.engine_sum import EngineSum
 
 
-def engine_to_data(eid: str, a: _EngineSum) -> dict[str, Any]:
+def engine_to_data(eid: str, a: EngineSum) -> dict[str, Any]:
     """One engine's sums as plain data: its layout, current values and sums by slot."""
     return {
-        "id": _id_json(eid),
+        "id": engine_id_json(eid),
         "layout": layout_to_data(a.layout),
-        "current": _floats(a.current.data),
+        "current": floats_to_json(a.current.data),
         "time": a.current.time,
         "wall_time": a.current.wall_time,
-        "delta": _floats(a.delta),
+        "delta": floats_to_json(a.delta),
         "covered": a.covered,
         "spanned": a.spanned,
-        "gauge_area": None if a.gauge_area is None else _floats(a.gauge_area),
-        "gauge_seconds": None if a.gauge_seconds is None else _floats(a.gauge_seconds),
-        "gauge_peak": None if a.gauge_peak is None else _floats(a.gauge_peak),
+        "gauge_area": None if a.gauge_area is None else floats_to_json(a.gauge_area),
+        "gauge_seconds": None if a.gauge_seconds is None else floats_to_json(a.gauge_seconds),
+        "gauge_peak": None if a.gauge_peak is None else floats_to_json(a.gauge_peak),
         "role": a.role,
         "groups": list(a.groups),
         "is_engine": a.is_engine,
@@ -45,17 +45,17 @@ def engine_to_data(eid: str, a: _EngineSum) -> dict[str, Any]:
     }
 
 
-def engine_from_data(e: Mapping[str, Any]) -> tuple[EngineId, _EngineSum]:
+def engine_from_data(e: Mapping[str, Any]) -> tuple[EngineId, EngineSum]:
     """The engine id and sums :func:`engine_to_data` wrote."""
     eid = EngineId.from_json(e["id"])
     lay = layout_from_data(e["layout"])
-    snap = EngineSnapshot(eid, lay, _array(e["current"]), e["time"], e["wall_time"])
+    snap = EngineSnapshot(eid, lay, floats_from_json(e["current"]), e["time"], e["wall_time"])
 
     def arr(v: list[float | str] | None) -> np.ndarray | None:
-        return None if v is None else _array(v)
+        return None if v is None else floats_from_json(v)
 
-    delta = _array(e["delta"])
-    return eid, _EngineSum(
+    delta = floats_from_json(e["delta"])
+    return eid, EngineSum(
         lay,
         snap,
         delta,
@@ -146,24 +146,26 @@ def layout_from_data(data: Mapping[str, Any]) -> EngineLayout:
     return layout
 
 
-def _floats(arr: np.ndarray) -> list[float | str]:
+def floats_to_json(arr: np.ndarray) -> list[float | str]:
     finite = np.isfinite(arr)
     if finite.all():
-        return arr.tolist()
+        plain: list[float | str] = arr.tolist()
+        return plain
     out = arr.astype(object)  # C speed: Python floats, then the strings by mask
     out[np.isnan(arr)] = "NaN"
     out[arr == np.inf] = "+Inf"
     out[arr == -np.inf] = "-Inf"
-    return out.tolist()
+    mixed: list[float | str] = out.tolist()
+    return mixed
 
 
-def _array(values: list[float | str]) -> np.ndarray:
+def floats_from_json(values: list[float | str]) -> np.ndarray:
     if any(isinstance(x, str) for x in values):
         return np.array([_from_json(x) for x in values], dtype=float)
     return np.array(values, dtype=float)
 
 
-def _id_json(engine: str) -> list[str | None]:
+def engine_id_json(engine: str) -> list[str | None]:
     return engine.to_json() if isinstance(engine, EngineId) else [engine, None]
 
 

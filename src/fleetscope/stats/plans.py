@@ -28,7 +28,8 @@ from fleetscope.catalog import (
     kv_capacity_tokens,
     label_suffix,
 )
-from fleetscope.exposition.snapshot import EngineLayout, Labels
+from fleetscope.exposition.snapshot import CounterSeries, EngineLayout, GaugeSeries
+from fleetscope.exposition.textformat import Labels
 
 
 def metric_name(family: str, prefixes: Sequence[str] = DEFAULT_LOGGED_PREFIXES) -> str:
@@ -186,11 +187,11 @@ def _logged(family: str, prefixes: Sequence[str]) -> bool:
 
 def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
     b = _PlanBuilder()
-    counters_by_family: dict[str, list] = {}
+    counters_by_family: dict[str, list[CounterSeries]] = {}
     for c in layout.counters:
         if _logged(c.name, prefixes):
             counters_by_family.setdefault(metric_name(c.name, prefixes), []).append(c)
-    gauges_by_family: dict[str, list] = {}
+    gauges_by_family: dict[str, list[GaugeSeries]] = {}
     for g in layout.gauges:
         if _logged(g.name, prefixes):
             gauges_by_family.setdefault(metric_name(g.name, prefixes), []).append(g)
@@ -202,12 +203,12 @@ def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
         for name, slot in named:
             b.value(name, [slot])
 
-    for fam, children in counters_by_family.items():
+    for fam, members in counters_by_family.items():
         name = fam + "_total"
-        if len(children) > 1 or children[0].labels:
-            b.value(name, [c.slot for c in children], "total")
-            b.rate(name + ":rate", [c.slot for c in children])
-        for c in children:
+        if len(members) > 1 or members[0].labels:
+            b.value(name, [c.slot for c in members], "total")
+            b.rate(name + ":rate", [c.slot for c in members])
+        for c in members:
             b.value(name + label_suffix(c.labels), [c.slot], "total")
             b.rate(name + label_suffix(c.labels) + ":rate", [c.slot])
 

@@ -263,7 +263,7 @@ def merge_partials(parts: Sequence[Partial]) -> Partial:
         for f, m in mats.items():
             m[np.ix_(rows, cols)] = getattr(p, f)
         row += len(p.engine_ids)
-    hist_sums: dict[str, dict[str, list]] = {}
+    hist_sums: dict[str, dict[str, list[tuple[tuple[float, ...], np.ndarray]]]] = {}
     for p in parts:
         for scope, per in p.hist_sums.items():
             dst = hist_sums.setdefault(scope, {})

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     import httpx
 
     from fleetscope.exposition import Exposition
-    from fleetscope.sources.http.membership import Endpoint
+    from fleetscope.sources.base import Endpoint
 
 #: routes asked in order; the next one only after a definite "no such route"
 VERSION_ROUTES: tuple[str, ...] = ("/version", "/server_info", "/get_server_info")

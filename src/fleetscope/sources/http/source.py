@@ -28,11 +28,10 @@ import httpx
 from fleetscope.catalog import KV_CONSUMER_FAMILY
 from fleetscope.exposition import MAX_BODY_BYTES, Exposition, ExpositionError, Parser
 from fleetscope.identity import Role
-from fleetscope.sources.base import Departure, ScrapeResult
+from fleetscope.sources.base import Departure, Endpoint, ScrapeResult
 from fleetscope.sources.http.client import (
     ACCEPT,
     ScrapeError,
-    WireClient,
     describe,
     fetch_metrics,
     get_json,
@@ -40,8 +39,9 @@ from fleetscope.sources.http.client import (
     new_clients,
 )
 from fleetscope.sources.http.loop_parse import LoopParser
-from fleetscope.sources.http.membership import Endpoint, EndpointSet, Members, name_endpoints
+from fleetscope.sources.http.membership import EndpointSet, Members, name_endpoints
 from fleetscope.sources.http.server_version import ServerVersions
+from fleetscope.sources.http.wire import WireClient
 from fleetscope.util.backoff import Backoff
 from fleetscope.util.warn import RateLimitedWarner
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from fleetscope.identity import Role
 from fleetscope.sources.http.source import Endpoint
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 __all__ = [
     "IDENTITY_LOOKUP_TIMEOUT",
@@ -35,14 +38,20 @@ RAY_AGENT_IDENTITY = ("ReplicaId", "WorkerId", "model_name", "engine")
 
 _WORKER_ID = re.compile(r"[0-9a-f]{56}")  # Ray's WorkerID: 28 bytes, hex
 
+#: one entry of ``ray.nodes()`` (``NodeID``, ``Alive``, ``NodeManagerAddress``,
+#: ``MetricsExportPort``, ... : values of several types)
+RayNode = Mapping[str, Any]
+#: an actor as the lookups take it: its handle, or its actor id in hex
+Actor: TypeAlias = "ActorHandle[Any] | str"
 
-def discover_agents(nodes: Iterable[Mapping] | None = None) -> list[Endpoint]:
+
+def discover_agents(nodes: Iterable[RayNode] | None = None) -> list[Endpoint]:
     """One endpoint per alive node's metrics agent (``ray.nodes()`` unless ``nodes`` given).
 
     Names are ``node-{NodeID[:8]}``, so a node keeps its name while alive.
     """
     if nodes is None:
-        nodes = _ray_nodes()
+        nodes = ray_nodes()
     alive = [
         n
         for n in nodes
@@ -60,7 +69,9 @@ def discover_agents(nodes: Iterable[Mapping] | None = None) -> list[Endpoint]:
     return out
 
 
-def worker_ids_of_actors(actors: Sequence, timeout: float = IDENTITY_LOOKUP_TIMEOUT) -> list[str]:
+def worker_ids_of_actors(
+    actors: Sequence[Actor], timeout: float = IDENTITY_LOOKUP_TIMEOUT
+) -> list[str]:
     """Worker ids of actors (handles or actor id hex strings), in the order given.
 
     Reads Ray's actor table from the GCS (works without the dashboard); waits for actors still
@@ -87,8 +98,9 @@ def _worker_id_from_gcs(actor_id: str, deadline: float, gcs_state: Any, gcs_pb2:
             raise LookupError(f"actor {actor_id} is unknown to Ray")
         data = gcs_pb2.ActorTableData.FromString(info)
         state = states.Name(data.state)
-        if state == "ALIVE" and data.address.worker_id:
-            return data.address.worker_id.hex()
+        worker_id: bytes = data.address.worker_id
+        if state == "ALIVE" and worker_id:
+            return worker_id.hex()
         if state == "DEAD":
             raise LookupError(f"actor {actor_id} is dead")
         if time.monotonic() > deadline:
@@ -140,7 +152,7 @@ class RayIdentity:
     @classmethod
     def of_actors(
         cls,
-        actors: Sequence,
+        actors: Sequence[Actor],
         roles: Sequence[Role | None] | None = None,
         *,
         timeout: float = IDENTITY_LOOKUP_TIMEOUT,
@@ -206,7 +218,8 @@ def owner_of(e: AgentEngine, identity: RayIdentity) -> str | None:
     return None
 
 
-def _ray_nodes() -> list[dict[str, Any]]:
+def ray_nodes() -> list[dict[str, Any]]:
     import ray
 
-    return ray.nodes()
+    nodes: Callable[[], list[dict[str, Any]]] = ray.nodes  # Ray leaves it unannotated
+    return nodes()

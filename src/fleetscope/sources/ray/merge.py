@@ -17,14 +17,14 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")  # engine ids are `{endpoint}.{label}`; 
 
 
 @dataclass(slots=True)
-class _Merged:
+class MergedLayout:
     sources: tuple[EngineLayout, ...]  # kept alive so their ids stay theirs
     layout: EngineLayout
     target: np.ndarray  # merged slot of every slot of the concatenated sources
     n: int
 
 
-def _has_series(layout: EngineLayout) -> bool:
+def has_series(layout: EngineLayout) -> bool:
     """Whether a piece carries engine metrics beyond info gauges."""
     series: list[CounterSeries | GaugeSeries | HistogramSeries] = [
         *layout.counters,
@@ -34,10 +34,10 @@ def _has_series(layout: EngineLayout) -> bool:
     return any(s.name.startswith(_ENGINE_PREFIXES) for s in series)
 
 
-def _is_engine(layout: EngineLayout) -> bool:
+def is_engine(layout: EngineLayout) -> bool:
     """Whether a piece is (part of) an engine. A body without any `engine` tag comes out of
     the parser as one engine "0" made of Ray's own system metrics: not an engine."""
-    return _has_series(layout) or any(f.startswith(_ENGINE_PREFIXES) for f in layout.info)
+    return has_series(layout) or any(f.startswith(_ENGINE_PREFIXES) for f in layout.info)
 
 
 def _safe(v: str) -> str:
@@ -45,7 +45,7 @@ def _safe(v: str) -> str:
     return s if s == v else f"{s}-{hashlib.sha1(v.encode()).hexdigest()[:6]}"
 
 
-def _labels(groups: Mapping[tuple[str, str, str], object]) -> dict[tuple[str, str, str], str]:
+def stable_labels(groups: Mapping[tuple[str, str, str], object]) -> dict[tuple[str, str, str], str]:
     """Stable labels, whatever the order of the body: a worker id's first 8 digits (all of
     them if two engines would share the label), else the replica id or model name."""
     out: dict[tuple[str, str, str], str] = {}
@@ -62,7 +62,7 @@ def _labels(groups: Mapping[tuple[str, str, str], object]) -> dict[tuple[str, st
     return out
 
 
-def _merge_layouts(layouts: tuple[EngineLayout, ...]) -> _Merged:
+def merge_layouts(layouts: tuple[EngineLayout, ...]) -> MergedLayout:
     """The layout of several pieces of one engine; a series in two pieces is summed."""
     index: dict[str, int] = {}
     target: list[int] = []
@@ -111,4 +111,4 @@ def _merge_layouts(layouts: tuple[EngineLayout, ...]) -> _Merged:
         info=info,
         model_name=model_name,
     )
-    return _Merged(layouts, layout, np.array(target, dtype=np.intp), len(index))
+    return MergedLayout(layouts, layout, np.array(target, dtype=np.intp), len(index))

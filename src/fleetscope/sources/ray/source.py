@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -38,13 +38,20 @@ from fleetscope.sources.ray.identity import (
     RAY_AGENT_IDENTITY,
     AgentEngine,
     RayIdentity,
-    _ray_nodes,
+    RayNode,
     decode_label,
     discover_agents,
     owner_of,
+    ray_nodes,
     worker_ids_of_actors,
 )
-from fleetscope.sources.ray.merge import _has_series, _is_engine, _labels, _merge_layouts, _Merged
+from fleetscope.sources.ray.merge import (
+    MergedLayout,
+    has_series,
+    is_engine,
+    merge_layouts,
+    stable_labels,
+)
 from fleetscope.util.redact import redact
 from fleetscope.util.warn import RateLimitedWarner
 
@@ -95,7 +102,7 @@ class RaySource:
         identity: RayIdentity | None = None,
         *,
         identity_lookup: Callable[[], RayIdentity] | None = None,
-        nodes: Callable[[], Iterable[Mapping]] | None = None,
+        nodes: Callable[[], Iterable[RayNode]] | None = None,
         rediscover_every: int = 12,
         http: HttpSource | None = None,
         lookup_timeout: float = IDENTITY_LOOKUP_TIMEOUT,
@@ -127,7 +134,7 @@ class RaySource:
         self._polls = 0
         self._no_vllm_polls = 0
         self._counts: tuple[int, int] | None = None  # (kept, foreign) last logged
-        self._merged: dict[tuple[int, ...], _Merged] = {}
+        self._merged: dict[tuple[int, ...], MergedLayout] = {}
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
 
     async def _ensure_identity(self) -> bool:
@@ -202,7 +209,7 @@ class RaySource:
 
     async def discover(self) -> list[Endpoint]:
         try:
-            nodes = await asyncio.to_thread(self._nodes or _ray_nodes)  # a GCS call
+            nodes = await asyncio.to_thread(self._nodes or ray_nodes)  # a GCS call
             self.endpoints = discover_agents(nodes)
         except Exception as e:
             self._warner.warn("discover", f"Ray node discovery failed: {e!r}")
@@ -297,7 +304,7 @@ class RaySource:
         by_engine: dict[tuple[str, str], set[Key]] = {}  # (replica, engine)
         loose: list[tuple[AgentEngine, EngineSnapshot]] = []
         for label, snap in expo.items():
-            if not _is_engine(snap.layout):
+            if not is_engine(snap.layout):
                 continue
             e = decode_label(label, ident)
             if not e.worker_id:
@@ -328,7 +335,7 @@ class RaySource:
             groups.setdefault(key, []).append((e, snap))
             if owner_of(e, ident):
                 own.add(key)
-            elif _has_series(snap.layout):
+            elif has_series(snap.layout):
                 unmatched += 1
         if ambiguous:
             self._warner.warn(
@@ -349,10 +356,10 @@ class RaySource:
         foreign = sum(
             1
             for k, ps in groups.items()
-            if k not in own and k not in shadows and any(_has_series(s.layout) for _, s in ps)
+            if k not in own and k not in shadows and any(has_series(s.layout) for _, s in ps)
         )
         mine = {k: groups[k] for k in groups if k in own}
-        labels = _labels(mine)
+        labels = stable_labels(mine)
         kept: dict[str, EngineSnapshot] = {}
         roles: dict[str, Role] = {}
         for key, pieces in mine.items():
@@ -392,7 +399,7 @@ class RaySource:
         key = tuple(id(p.layout) for p in pieces)
         m = self._merged.get(key)
         if m is None or any(a is not p.layout for a, p in zip(m.sources, pieces, strict=True)):
-            m = _merge_layouts(tuple(p.layout for p in pieces))
+            m = merge_layouts(tuple(p.layout for p in pieces))
             if len(self._merged) > 256:
                 self._merged.clear()
             self._merged[key] = m
