@@ -214,7 +214,7 @@ def test_readme_command(command: str, workdir) -> None:
                 (cwd / files[0]).write_text(f"# the fleet\n{file_urls['gpu0']}\n")
             proc = Proc(argv, cwd, env)
             jsonl = next((cwd / a for a in argv if a.endswith(".jsonl")), None)
-            names = ["decode1"] if "--role" in argv else ["server0"]
+            names = ["prefill0", "decode0", "decode1"] if "--role" in argv else ["server0"]
             if jsonl is not None:
 
                 def polled() -> bool:
@@ -223,8 +223,11 @@ def test_readme_command(command: str, workdir) -> None:
                     return jsonl.exists() and len(read_jsonl(jsonl)[0]) >= 2
 
                 proc.wait_for(polled, "two polls in the JSONL")
-            else:  # not a terminal: the view prints one table per poll
-                proc.wait_for(lambda: all(n in "".join(proc.out) for n in names), "a poll")
+            else:  # not a terminal: the view prints one line per poll (all engines up)
+                line = re.compile(
+                    rf"^fleetscope  poll \d+  engines {len(names)}/{len(names)}  ", re.M
+                )
+                proc.wait_for(lambda: bool(line.search("".join(proc.out))), "a poll")
             assert proc.stop(signal.SIGTERM) == 0, proc.text()
             if jsonl is not None:
                 from fleetscope.sinks.jsonl import read_jsonl
