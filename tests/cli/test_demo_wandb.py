@@ -10,6 +10,7 @@ JSONL the full one, with the same values; W&B's run summary is the compact subse
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -44,6 +45,9 @@ def leet_records(path: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     )
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+rate_key = "inference/agg/generation_tokens_total:rate/sum"
 
 
 def test_demo_offline_wandb_matches_jsonl(tmp_path: Path) -> None:
@@ -99,6 +103,14 @@ def test_demo_offline_wandb_matches_jsonl(tmp_path: Path) -> None:
 
     polls, summary = read_jsonl(jsonl)
     assert len(polls) >= 8
+    # the closing line counts what the summary and the JSONL count (the final poll included)
+    assert f"polls: {len(polls)} " in report, report
+    assert summary["inference_summary/combined/polls"] == len(polls)
+    # no row shows a fleet rate over a sliver (docs/rules.md §3 item 12): a row with rates
+    # comes at least half an interval (0.5 s) after the previous one that had them
+    rated = [p["wall_time"] for p in polls if rate_key in p["metrics"]]
+    gaps = [b - a for a, b in itertools.pairwise(rated)]
+    assert len(rated) >= 6 and min(gaps) > 0.4, gaps
     records = leet_records(run_dir, env)
     kinds = [r["type"] for r in records]
     assert kinds.count("exit") == 1

@@ -757,6 +757,47 @@ async def test_the_row_after_a_boundary_keeps_the_held_increase_of_a_restarted_e
     assert after_ep["generation_tokens_total"] > before_ep["generation_tokens_total"]
 
 
+async def wait_for_poll(c: Collector, step: int, deadline: float = 60.0) -> None:
+    """Until the collector's own loop has taken poll ``step`` (however loaded the machine)."""
+    end = time.monotonic() + deadline
+    while polls(c) < step:
+        assert time.monotonic() < end, f"the collector's loop took no poll {step}"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_poll_sooner_than_half_an_interval_holds_its_row() -> None:
+    """A manual ``poll()`` and the final poll at stop, moments after the loop's poll, would
+    show a rate over a sliver (0.0 tok/s with requests running, or 3x the neighbours). While
+    the loop runs, any poll less than half an interval after the last row that showed rates
+    is held like a boundary: instant values only; its increases are the next row's, and the
+    run summary counts every token (docs/rules.md §3.9). A collector that is not started is
+    polled on the caller's own schedule: its rows show rates."""
+    async with rig() as r:
+        c = r.collector(interval=60.0)
+        before = r.truth()
+        await c.start()  # the loop polls at once, then every 60 s
+        await wait_for_poll(c, 0)
+        r.fleet.step(1.0)
+        view = await c.poll()  # a sliver after the loop's poll
+        await c.stop()  # the final poll: another sliver
+        after = r.truth()
+        summary = dict(c.summary())
+        last = c.last
+        manual = r.collector()  # never started: the caller's schedule
+        await manual.poll()
+        r.fleet.step(1.0)
+        own = await manual.poll()
+        await manual.stop()
+    for row in (view, last):
+        assert row is not None
+        assert not [k for k in row.keys if k.endswith("/delta") or ":rate/" in k]
+        assert row.keys["inference/agg/num_requests_running/sum"] > 0
+    want = diff(after, before)["generation_tokens_total"]
+    assert summary["inference_summary/combined/agg/generation_tokens_total/delta"] == want
+    assert own.keys["inference/agg/generation_tokens_total/delta"] > 0
+    assert own.keys["inference/agg/generation_tokens_total:rate/sum"] > 0
+
+
 async def test_one_restart_with_an_unseen_tail_counts_once() -> None:
     """``restarts_unseen_tail`` counted 2 for one restart of a one-engine server (real vLLM:
     ``engine_restarts`` 1): the server's own row, which restarts with its engine, was counted

@@ -304,3 +304,29 @@ def test_an_engine_row_without_figures_shows_none() -> None:
     cells = row_cells(EngineRow("x.*", "-", "NO DATA", 2, *(None,) * 7))
     assert {cells[c.key] for c in COLUMNS if c.right} == {"—"}
     assert cells["state"] == "—"
+
+
+async def test_the_live_view_keeps_its_figures_over_a_held_row() -> None:
+    """A held row (a boundary, a poll moments after another: docs/rules.md §3 item 12) has no
+    rates; the live view keeps the frame it showed rather than draw a sliver's figures, and
+    draws the next row that has them."""
+    sink = TerminalSink(file=io.StringIO(), live=True)
+    drawn: list[int] = []
+    render = sink.render
+
+    def counting(result: PollResult) -> object:
+        drawn.append(result.step)
+        return render(result)
+
+    sink.render = counting  # type: ignore[method-assign]
+    async with served(MIXED) as (fleet, _server, c):
+        sink.log_poll(await next_poll(fleet, c))
+        window = c.window("train")
+        await window.astart()  # a boundary poll: held
+        held = c.last
+        assert held is not None and held.result.held
+        sink.log_poll(held.result)
+        sink.log_poll(await next_poll(fleet, c))
+        await window.astop()
+    sink.close()
+    assert drawn == [1, 3]

@@ -17,7 +17,6 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fleetscope.collector.core import Collector
 from fleetscope.health import HealthThresholds
@@ -81,29 +80,29 @@ async def run_demo(
         # the demo compresses a run into seconds: judge a stall over 3 s, not a real fleet's 30
         health = HealthThresholds(stall_seconds=3.0, outlier_seconds=3.0)
         collector = Collector(endpoints, interval=interval, sinks=sinks, health_thresholds=health)
-        polls = 0
         t0 = time.monotonic()
         async with collector:
             train = collector.window("train")
             await train.astart()
             await asyncio.sleep(duration * 0.45)
-            await _poll_until_tokens(collector, fleet)  # each part of the run saw tokens
+            await _until_tokens(collector)  # each part of the run saw tokens
             await train.astop()
             # the fault: one decode engine stops generating while its requests stay running
             fleet.endpoint("decode0").stall(engine=0)
             # the gap between the windows holds a poll that saw tokens, whatever the machine's
-            # load: wait for the simulated fleet to advance, then poll explicitly (counted under
-            # `idle`); bounded, so a fleet that makes no tokens cannot hang the demo
-            await _poll_until_tokens(collector, fleet)
+            # load (counted under `idle`); bounded, so a fleet that makes no tokens cannot
+            # hang the demo
+            await _until_tokens(collector)
             ev = collector.window("eval")
             await ev.astart()
             # at least 4 s, however late a loaded machine got here: the stall (judged over 3 s)
             # must show in the eval window
             await asyncio.sleep(max(4.0, duration - (time.monotonic() - t0) - 1))
-            await _poll_until_tokens(collector, fleet)
+            await _until_tokens(collector)
             await ev.astop()
-            polls = collector.state.step
         summary = collector.summary()
+        # the summary's count: the final poll at stop included (the collector's step is not)
+        polls = int(summary.get("inference_summary/combined/polls", collector.state.step))
     return DemoResult(out_dir, jsonl_path, wandb_dir, summary, polls)
 
 
@@ -116,17 +115,19 @@ def demo_kinds(engines: str) -> list[str]:
     raise ValueError(f"engines must be vllm, sglang or mixed, not {engines!r}")
 
 
-async def _poll_until_tokens(collector: Collector, fleet: Any, *, tries: int = 40) -> None:
-    """Poll until a poll shows generated tokens (at most ``tries`` polls,
-    each after the simulated fleet has stepped at least once since the previous one)."""
+async def _until_tokens(collector: Collector, *, polls: int = 40) -> None:
+    """Wait for a row of the collector's own loop that shows generated tokens (at most
+    ``polls`` rows, and a bound in time). The loop's rows, not explicit polls: a poll moments
+    after another would be held (docs/rules.md §3 item 12) and add a row for nothing."""
     key = "inference/agg/generation_tokens_total/delta"
-    for _ in range(tries):
-        t = fleet.clock.sim_time
-        for _ in range(200):  # the fleet steps every 0.5 s of real time; at most ~10 s here
-            if fleet.clock.sim_time > t:
-                break
-            await asyncio.sleep(0.05)
-        view = await collector.poll()
+    seen = collector.last.step if collector.last is not None else -1
+    end = time.monotonic() + polls * collector.interval + 30.0
+    while polls > 0 and time.monotonic() < end:
+        await asyncio.sleep(0.05)
+        view = collector.last
+        if view is None or view.step == seen:
+            continue
+        seen, polls = view.step, polls - 1
         if (view.keys.get(key) or 0) > 0:
             return
 

@@ -31,8 +31,9 @@ class Backend(Protocol):
 
     async def wait_ready(self, timeout: float) -> None: ...
 
-    async def poll(self) -> FleetView:
-        """One poll, published."""
+    async def poll(self, *, row_floor: float = 0.0) -> FleetView:
+        """One poll, published; a row less than ``row_floor`` seconds after the previous row
+        that showed rates is held (instant values only)."""
         ...
 
     async def window(self, action: str, label: str) -> dict[str, float]:

@@ -130,7 +130,7 @@ class ChildServer:
         if kind == "ping":
             return None
         if kind == "poll":
-            await c.poll()
+            await c.backend.poll(row_floor=float(args[0]) if args else 0.0)
             return self._row(None, boundary=False)
         if kind == "window":
             action, label = args

@@ -91,6 +91,7 @@ class Collector:
         self._background = LoopThread(self.start, self.stop, self._warner)
         self.boundaries = Boundaries(self.backend, self.fanout, self._background, cfg.boundary_wait)
         self._task: asyncio.Task[None] | None = None
+        self._scheduled = False  # the loop was started: rows follow its interval
         self._summary_published = False
         self._closed = False
         self._ticks_skipped = 0
@@ -181,6 +182,7 @@ class Collector:
     async def start(self) -> None:
         """Start polling in the background of the running event loop."""
         if self._task is None:
+            self._scheduled = True
             self._task = asyncio.create_task(self._run(), name="fleetscope-collector")
 
     async def stop(self, status: str | None = None, *, timeout: float = 30.0) -> None:
@@ -302,8 +304,15 @@ class Collector:
             await asyncio.sleep(max(0.0, start + k * self.interval - time.monotonic()))
 
     async def poll(self) -> FleetView:
-        """Scrape every endpoint once, reduce, hand to the sinks; returns the fleet view."""
-        return await self.backend.poll()
+        """Scrape every endpoint once, reduce, hand to the sinks; returns the fleet view.
+
+        While the collector's own loop runs (and for its final poll at stop), a poll less
+        than half an interval after the previous row that showed rates (a manual ``poll()``,
+        the final poll) shows instant values only: the next row shows its increases over the
+        whole interval (docs/rules.md §3.9). Polls of a collector that is not started are
+        the caller's own schedule: every row shows its rates."""
+        floor = self.interval / 2 if self._scheduled else 0.0
+        return await self.backend.poll(row_floor=floor)
 
     async def flush_sinks(self, timeout: float = 10.0) -> bool:
         """Wait (at most ``timeout``) until every sink has written what it was given."""

@@ -49,8 +49,11 @@ class InlineBackend:
         """Run statistics work in the worker thread (off the caller's loop)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def poll(self, before_log: BeforeLog | None = None) -> FleetView:
-        """One poll; ``before_log`` (a boundary) may add keys to the row it logs."""
+    async def poll(
+        self, before_log: BeforeLog | None = None, *, row_floor: float = 0.0
+    ) -> FleetView:
+        """One poll; ``before_log`` (a boundary) may add keys to the row it logs; a row
+        sooner than ``row_floor`` after the last row that showed rates is held."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -69,6 +72,7 @@ class InlineBackend:
                     scrapes,
                     src.take_departures(),
                     boundary=before_log is not None,
+                    row_floor=row_floor,
                     max_model_len=lens,
                 )
             )

@@ -123,9 +123,9 @@ class ProcessBackend:
             self._publish(view, t0)
             return view, keys or {}
 
-    async def poll(self) -> FleetView:
+    async def poll(self, *, row_floor: float = 0.0) -> FleetView:
         try:
-            view, _ = await self._row("poll")
+            view, _ = await self._row("poll", row_floor)
         except ChildUnavailable as e:
             self._warner.warn("child-poll", f"poll skipped: {e}")
             if self._last is None:

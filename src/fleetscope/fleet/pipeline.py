@@ -51,6 +51,7 @@ class PollPipeline:
         self.syncs = WeightSyncs()
         self.states = EngineStates(config.rl_probes)  # paused / asleep engine-seconds
         self._info: dict[str, EndpointInfo] = {}
+        self._last_shown: float | None = None  # scrape time of the last row that showed rates
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
         # endpoint -> (engine kind, server version) as the source reported them (run summary)
         self.servers: dict[str, tuple[str | None, str | None]] = {}
@@ -61,10 +62,16 @@ class PollPipeline:
         departures: Iterable[Departure],
         *,
         boundary: bool = False,
+        row_floor: float = 0.0,
         max_model_len: Mapping[str, int | None] | None = None,
     ) -> FleetView:
-        """Everything one poll does to the statistics; returns the fleet view."""
+        """Everything one poll does to the statistics; returns the fleet view.
+
+        ``row_floor``: a poll less than this many seconds after the previous row that showed
+        rates is held like a boundary (instant values only; the next row shows its increases):
+        a rate over a sliver is not a fleet state (docs/rules.md §3.9)."""
         with self.lock:
+            boundary = self._held(scrapes, boundary, row_floor)
             self._depart(departures)
             for sc in scrapes:
                 if sc.joined:
@@ -119,6 +126,17 @@ class PollPipeline:
                 endpoint_roles=self.state.roles,
                 max_model_len=max_model_len or {},
             )
+
+    def _held(self, scrapes: list[ScrapeResult], boundary: bool, row_floor: float) -> bool:
+        """Whether this poll's row is held; the time of the last row shown otherwise."""
+        now = max((s.time for s in scrapes if s.ok), default=None)
+        if now is None:
+            return boundary
+        last = self._last_shown
+        if boundary or (last is not None and now - last < row_floor):
+            return True
+        self._last_shown = now
+        return False
 
     def _depart(self, departures: Iterable[Departure]) -> None:
         """Open windows stop expecting what left; its baselines are dropped (sums stay)."""

@@ -59,6 +59,9 @@ class PollResult:
     events: list[HealthEvent] = field(default_factory=list)
     # per endpoint: engine kind, served weight version, paused / asleep (fleetscope.rl.view)
     endpoint_info: dict[str, EndpointInfo] = field(default_factory=dict)
+    # a row over a sliver of an interval (a boundary, a poll soon after the previous row):
+    # instant values only; its increases are shown by the next row (docs/rules.md §3.9)
+    held: bool = False
 
 
 class FleetState:
@@ -118,7 +121,7 @@ class FleetState:
         elif self._held:
             shown = [_joined(self._held.get(inp.engine_id), inp) for inp in inputs]
             self._held = {}
-        return self.finish(
+        result = self.finish(
             [partial_reduce(shown, **kwargs)],
             scrapes,
             inputs=inputs,
@@ -126,6 +129,8 @@ class FleetState:
             restarts=restarts,
             instant_only=boundary,
         )
+        result.held = boundary
+        return result
 
     def forget_engine(self, engine_id: EngineId) -> None:
         """An engine is gone for good (its worker will never report again)."""

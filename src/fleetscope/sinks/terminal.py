@@ -623,6 +623,8 @@ class TerminalSink:
             with self._lock:
                 self.console.print(line, soft_wrap=True, markup=False, highlight=False)
             return
+        if self.live and self._live is not None and result.held:
+            return  # a held row has no rates: the view keeps the last figures it showed
         renderable = self.render(result)
         with self._lock:
             if self.live:
