@@ -36,15 +36,9 @@ class SeriesDraft:
     original: str | None = None  # the exposed family name (Ray's prefix undone), when mapped
 
 
-def classify(
-    s: Sample,
-    types: dict[str, str],
-    counter_bases: set[str],
-    identity: tuple[str, ...],
-    keep: tuple[str, ...] | None,
-    escaped: dict[str, str] | None = None,
-) -> SeriesDraft | None:
-    name = s.name
+def _family_of(name: str, types: dict[str, str]) -> tuple[str, str, str]:
+    """The sample's family, its suffix (``_bucket``, ``_total``, ...; "" for none) and the
+    family's declared type ("untyped" when no TYPE line declares it)."""
     typ = types.get(name)
     family, suffix = name, ""
     if typ is None:
@@ -66,60 +60,91 @@ def classify(
             if types.get(cand) in ("counter", "histogram", "summary"):
                 family, suffix, typ = cand, "_created", types[cand]
                 break
-    if typ == "gauge" and name in counter_bases and name.startswith("ray_"):
-        return None  # Ray OpenCensus exports counters twice; count the `_total` one only
-    labels = dict(s.labels)
-    le_str = labels.pop("le", None) if typ in ("histogram", "gaugehistogram") else None
+    return family, suffix, typ
 
+
+def _histogram_kind(typ: str, suffix: str) -> str:
+    """The kind of a histogram's or a summary's sample, by its suffix."""
+    if suffix == "_created":
+        return "created"
+    if suffix == "_bucket" and typ == "histogram":
+        return "bucket"
+    if suffix == "_sum":
+        return "sum"
+    if suffix == "_count":
+        return "count"
+    return "gauge"  # summary quantiles
+
+
+def _base_and_kind(name: str, typ: str, family: str, suffix: str) -> tuple[str, str]:
+    """The series' base name (before Ray's prefix and renames are undone) and its kind."""
     if typ == "counter":
         base = family[:-6] if family.endswith("_total") else family
         kind = "created" if suffix == "_created" or name.endswith("_created") else "counter"
-    elif typ in ("histogram", "summary"):
-        base = family
-        if suffix == "_created":
-            kind = "created"
-        elif suffix == "_bucket" and typ == "histogram":
-            kind = "bucket"
-        elif suffix == "_sum":
-            kind = "sum"
-        elif suffix == "_count":
-            kind = "count"
-        else:
-            kind = "gauge"  # summary quantiles
-    elif typ == "info" or (typ in ("gauge", "untyped") and name.endswith("_info")):
+        return base, kind
+    if typ in ("histogram", "summary"):
+        return family, _histogram_kind(typ, suffix)
+    if typ == "info" or (typ in ("gauge", "untyped") and name.endswith("_info")):
         base = name if typ != "info" else family
         if not base.endswith("_info"):
             base += "_info"
-        kind = "info"
-    else:  # gauge, untyped, unknown, stateset, gaugehistogram
-        base, kind = name, "gauge"
-        if le_str is not None:
-            labels["le"] = le_str
-            le_str = None
+        return base, "info"
+    return name, "gauge"  # gauge, untyped, unknown, stateset, gaugehistogram
 
+
+def _unprefixed(base: str, escaped: dict[str, str] | None) -> str:
+    """The name the catalog knows: OpenMetrics' escaped ``:`` and Ray's prefix undone."""
     if escaped:
         base = escaped.get(base, base)
     for ray_prefix, prefix in RAY_PREFIXES.items():
         if base.startswith(ray_prefix):  # Ray's agent: `ray_sglang_x` is `sglang:x`
-            base = prefix + base[len(ray_prefix) :]
-            break
+            return prefix + base[len(ray_prefix) :]
+    return base
+
+
+def _bucket_bound(le_str: str | None, s: Sample) -> float:
+    """A histogram bucket's upper bound (its ``le`` label)."""
+    if le_str is None:
+        raise ExpositionError("histogram bucket without le", s.line, s.name)
+    try:
+        return parse_float(le_str)
+    except ValueError:
+        raise ExpositionError(f"bad le {le_str!r}", s.line, s.name) from None
+
+
+def _kept_labels(
+    kind: str, canon: str, labels: dict[str, str], identity: tuple[str, ...]
+) -> Labels:
+    """An info series keeps every label but the identity; the others their breakdown's."""
+    if kind == "info":
+        return tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
+    breakdown = FAMILY_BREAKDOWNS.get(canon, BREAKDOWN_LABELS)
+    return tuple(sorted((k, v) for k, v in labels.items() if k in breakdown))
+
+
+def classify(
+    s: Sample,
+    types: dict[str, str],
+    counter_bases: set[str],
+    identity: tuple[str, ...],
+    keep: tuple[str, ...] | None,
+    escaped: dict[str, str] | None = None,
+) -> SeriesDraft | None:
+    name = s.name
+    family, suffix, typ = _family_of(name, types)
+    if typ == "gauge" and name in counter_bases and name.startswith("ray_"):
+        return None  # Ray OpenCensus exports counters twice; count the `_total` one only
+    labels = dict(s.labels)
+    # only a histogram's buckets read `le`: every other type keeps it as a breakdown label
+    le_str = labels.pop("le", None) if typ == "histogram" else None
+    base, kind = _base_and_kind(name, typ, family, suffix)
+    base = _unprefixed(base, escaped)
     canon, renamed = canonical_family(base)
     original = base if canon != base else None
     if keep is not None and not canon.startswith(keep):
         return None
-    le = None
-    if kind == "bucket":
-        if le_str is None:
-            raise ExpositionError("histogram bucket without le", s.line, s.name)
-        try:
-            le = parse_float(le_str)
-        except ValueError:
-            raise ExpositionError(f"bad le {le_str!r}", s.line, s.name) from None
-    if kind == "info":
-        kept: Labels = tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
-    else:
-        breakdown = FAMILY_BREAKDOWNS.get(canon, BREAKDOWN_LABELS)
-        kept = tuple(sorted((k, v) for k, v in labels.items() if k in breakdown))
+    le = _bucket_bound(le_str, s) if kind == "bucket" else None
+    kept = _kept_labels(kind, canon, labels, identity)
     return SeriesDraft(kind, canon, kept, le, renamed, s.labels.get("model_name"), original)
 
 
