@@ -1,5 +1,5 @@
-"""``isolation="process"``: the same :class:`~fleetscope.collector.core.Collector`, with its work in a
-supervised child process, so a trainer's event loop and GIL pay almost nothing for it.
+"""``isolation="process"``: the same :class:`~fleetscope.collector.core.Collector`, with its work in
+a supervised child process, so a trainer's event loop and GIL pay almost nothing for it.
 
 The trainer's process keeps what must live there: the poll schedule, window and weight-sync
 handles, the sinks (a ``WandbSink(run=...)`` writes into the trainer's own run) and ``on_poll``.

@@ -7,7 +7,8 @@ so nothing is lost (tokens produced between two windows show up under ``idle``).
 ``combined`` label receives every delta once: it is the exact total of the whole run.
 
 A window's totals are exact for every engine and series it covers (see
-:mod:`fleetscope.stats.accumulate`); pure bookkeeping: the collector supplies clock readings and polls.
+:mod:`fleetscope.stats.accumulate`); pure bookkeeping: the collector supplies clock readings
+and polls.
 """
 
 from __future__ import annotations
