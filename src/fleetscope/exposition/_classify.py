@@ -18,6 +18,8 @@ from fleetscope.exposition.snapshot import (
 
 _SUFFIXES = ("_bucket", "_count", "_sum", "_created", "_total", "_gcount", "_gsum", "_info")
 CUMULATIVE_KINDS = frozenset({"counter", "bucket", "count", "sum"})
+# the kind of a histogram's or a summary's sample by its suffix (a bucket: histograms only)
+_SUFFIX_KINDS = {"_created": "created", "_sum": "sum", "_count": "count"}
 
 # layouts by shape, shared by all parsers (bounded: a shape not in it only loses sharing);
 # one layout per shape keeps plans, alignments and reductions one matrix operation per shape
@@ -36,10 +38,10 @@ class SeriesDraft:
     original: str | None = None  # the exposed family name (Ray's prefix undone), when mapped
 
 
-def _family_of(name: str, types: dict[str, str]) -> tuple[str, str, str]:
-    """The sample's family, its suffix (``_bucket``, ``_total``, ...; "" for none) and the
-    family's declared type ("untyped" when no TYPE line declares it)."""
-    typ = types.get(name)
+def _suffixed_family(name: str, typ: str | None, types: dict[str, str]) -> tuple[str, str, str]:
+    """A sample whose name is not a declared family (``x_bucket``, ``x_created``...), or a
+    ``_created`` declared as its own gauge: its family, its suffix ("" for none) and the
+    family's type ("untyped" when no TYPE line declares it)."""
     family, suffix = name, ""
     if typ is None:
         for suf in _SUFFIXES:
@@ -63,45 +65,6 @@ def _family_of(name: str, types: dict[str, str]) -> tuple[str, str, str]:
     return family, suffix, typ
 
 
-def _histogram_kind(typ: str, suffix: str) -> str:
-    """The kind of a histogram's or a summary's sample, by its suffix."""
-    if suffix == "_created":
-        return "created"
-    if suffix == "_bucket" and typ == "histogram":
-        return "bucket"
-    if suffix == "_sum":
-        return "sum"
-    if suffix == "_count":
-        return "count"
-    return "gauge"  # summary quantiles
-
-
-def _base_and_kind(name: str, typ: str, family: str, suffix: str) -> tuple[str, str]:
-    """The series' base name (before Ray's prefix and renames are undone) and its kind."""
-    if typ == "counter":
-        base = family[:-6] if family.endswith("_total") else family
-        kind = "created" if suffix == "_created" or name.endswith("_created") else "counter"
-        return base, kind
-    if typ in ("histogram", "summary"):
-        return family, _histogram_kind(typ, suffix)
-    if typ == "info" or (typ in ("gauge", "untyped") and name.endswith("_info")):
-        base = name if typ != "info" else family
-        if not base.endswith("_info"):
-            base += "_info"
-        return base, "info"
-    return name, "gauge"  # gauge, untyped, unknown, stateset, gaugehistogram
-
-
-def _unprefixed(base: str, escaped: dict[str, str] | None) -> str:
-    """The name the catalog knows: OpenMetrics' escaped ``:`` and Ray's prefix undone."""
-    if escaped:
-        base = escaped.get(base, base)
-    for ray_prefix, prefix in RAY_PREFIXES.items():
-        if base.startswith(ray_prefix):  # Ray's agent: `ray_sglang_x` is `sglang:x`
-            return prefix + base[len(ray_prefix) :]
-    return base
-
-
 def _bucket_bound(le_str: str | None, s: Sample) -> float:
     """A histogram bucket's upper bound (its ``le`` label)."""
     if le_str is None:
@@ -110,16 +73,6 @@ def _bucket_bound(le_str: str | None, s: Sample) -> float:
         return parse_float(le_str)
     except ValueError:
         raise ExpositionError(f"bad le {le_str!r}", s.line, s.name) from None
-
-
-def _kept_labels(
-    kind: str, canon: str, labels: dict[str, str], identity: tuple[str, ...]
-) -> Labels:
-    """An info series keeps every label but the identity; the others their breakdown's."""
-    if kind == "info":
-        return tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
-    breakdown = FAMILY_BREAKDOWNS.get(canon, BREAKDOWN_LABELS)
-    return tuple(sorted((k, v) for k, v in labels.items() if k in breakdown))
 
 
 def classify(
@@ -131,20 +84,47 @@ def classify(
     escaped: dict[str, str] | None = None,
 ) -> SeriesDraft | None:
     name = s.name
-    family, suffix, typ = _family_of(name, types)
+    typ = types.get(name)
+    family, suffix = name, ""
+    if typ is None or (typ == "gauge" and name.endswith("_created")):
+        family, suffix, typ = _suffixed_family(name, typ, types)
     if typ == "gauge" and name in counter_bases and name.startswith("ray_"):
         return None  # Ray OpenCensus exports counters twice; count the `_total` one only
     labels = dict(s.labels)
     # only a histogram's buckets read `le`: every other type keeps it as a breakdown label
     le_str = labels.pop("le", None) if typ == "histogram" else None
-    base, kind = _base_and_kind(name, typ, family, suffix)
-    base = _unprefixed(base, escaped)
+
+    if typ == "counter":
+        base = family[:-6] if family.endswith("_total") else family
+        kind = "created" if suffix == "_created" or name.endswith("_created") else "counter"
+    elif typ in ("histogram", "summary"):
+        base = family
+        is_bucket = suffix == "_bucket" and typ == "histogram"
+        kind = "bucket" if is_bucket else _SUFFIX_KINDS.get(suffix, "gauge")  # gauge: quantiles
+    elif typ == "info" or (typ in ("gauge", "untyped") and name.endswith("_info")):
+        base = name if typ != "info" else family
+        if not base.endswith("_info"):
+            base += "_info"
+        kind = "info"
+    else:  # gauge, untyped, unknown, stateset, gaugehistogram
+        base, kind = name, "gauge"
+
+    if escaped:
+        base = escaped.get(base, base)
+    for ray_prefix, prefix in RAY_PREFIXES.items():
+        if base.startswith(ray_prefix):  # Ray's agent: `ray_sglang_x` is `sglang:x`
+            base = prefix + base[len(ray_prefix) :]
+            break
     canon, renamed = canonical_family(base)
     original = base if canon != base else None
     if keep is not None and not canon.startswith(keep):
         return None
     le = _bucket_bound(le_str, s) if kind == "bucket" else None
-    kept = _kept_labels(kind, canon, labels, identity)
+    if kind == "info":
+        kept: Labels = tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
+    else:
+        breakdown = FAMILY_BREAKDOWNS.get(canon, BREAKDOWN_LABELS)
+        kept = tuple(sorted((k, v) for k, v in labels.items() if k in breakdown))
     return SeriesDraft(kind, canon, kept, le, renamed, s.labels.get("model_name"), original)
 
 
