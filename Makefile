@@ -31,8 +31,8 @@ test-real: test-deps
 	$(PYTHON) scripts/real_vllm/run.py $(if $(SAVE_BODIES),--out tests/data/real-vllm)
 
 lint:
-	ruff check src tests benchmarks
-	ruff format --check src tests benchmarks
+	ruff check src tests benchmarks scripts
+	ruff format --check src tests benchmarks scripts
 	$(LINT_IMPORTS)
 
 bench:

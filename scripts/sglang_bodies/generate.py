@@ -127,7 +127,8 @@ CASES = [
 
 
 def _extract_class(path, name, ns):
-    src = open(path).read()
+    with open(path) as f:
+        src = f.read()
     tree = ast.parse(src)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
@@ -288,7 +289,8 @@ class Truth:
                     "name": k[0],
                     "labels": lab(k),
                     "buckets": [
-                        [("+Inf" if b == float("inf") else b), c] for b, c in zip(bounds, cum)
+                        [("+Inf" if b == float("inf") else b), c]
+                        for b, c in zip(bounds, cum, strict=False)
                     ]
                     + ([["+Inf", count]] if bounds[-1] != float("inf") else []),
                     "count": count,
@@ -383,7 +385,8 @@ def run_tokenizer(mc, server_args, case, truth, drive):
     for r in make_requests(case):
         sl = {**labels, "is_streaming": "true" if r["stream"] else "false"}
         if r["aborted"]:
-            # TokenizerManager.abort_request: counter only (the abort output that may follow is not modelled)
+            # TokenizerManager.abort_request: counter only (the abort output that may follow is
+            # not modelled)
             col.observe_one_aborted_request(col.labels)
             truth.inc("sglang:num_aborted_requests_total", labels, 1)
             continue
@@ -447,6 +450,35 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         enable_hierarchical_cache=False,
     )
     col = col_ctx.collector
+    seed_scheduler_children(col, truth)
+
+    # RadixCache collector: every scheduler rank (base_prefix_cache.py)
+    rlabels = mc.radix_cache_metric_labels(
+        "RadixCache", types.SimpleNamespace(**case_parallel(case, proc)), False
+    )
+    rcol = mc.RadixCacheMetricsCollector(labels=rlabels)
+
+    max_tokens = emit_startup_constants(col, truth)
+    if not col_ctx.current_scheduler_metrics_enabled:
+        return
+    if not drive:
+        # metrics_reporter._maybe_log_idle_metrics: an idle scheduler publishes
+        # log_stats every 30 s with zero queues and the pool stats of an empty pool.
+        stats = mc.SchedulerStats(kv_available_tokens=max_tokens)
+        col.log_stats(stats)
+        record_log_stats(mc, col, stats, proc, truth)
+        return
+
+    engine = case["disagg"]
+    mine = [r for r in make_requests(case) if r["dp"] == (proc["dp_rank"] or 0)]
+    eff = drive_scheduler_requests(col, truth, engine, mine)
+    drive_scheduler_steps(col, rcol, rlabels, truth, engine)
+    drive_pd_transfers(col, truth, engine, mine)
+    log_final_stats(mc, col, case, proc, truth, engine, eff, max_tokens)
+
+
+def seed_scheduler_children(col, truth):
+    """The children SchedulerMetricsCollector's constructor pre-seeds."""
     L = col.labels
     # pre-seeded children (constructor)
     for m in ("input", "device_hit", "host_hit", "storage_hit"):
@@ -477,13 +509,10 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         "sglang:dp_attention_sync_wait_seconds", L, col.dp_attention_sync_wait_seconds._upper_bounds
     )
 
-    # RadixCache collector: every scheduler rank (base_prefix_cache.py)
-    rlabels = mc.radix_cache_metric_labels(
-        "RadixCache", types.SimpleNamespace(**case_parallel(case, proc)), False
-    )
-    rcol = mc.RadixCacheMetricsCollector(labels=rlabels)
 
-    # emit_constants at startup (every rank that has a collector)
+def emit_startup_constants(col, truth):
+    """emit_constants at startup (every rank that has a collector); returns the pool size."""
+    L = col.labels
     max_tokens = 200000
     consts = dict(
         max_total_num_tokens=max_tokens,
@@ -509,18 +538,13 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
     ):
         truth.set("sglang:" + k, L, consts[k])
     truth.set("sglang:graph_memory_usage_gb", {**L, "phase": "decode"}, 0.5)
-    if not col_ctx.current_scheduler_metrics_enabled:
-        return
-    if not drive:
-        # metrics_reporter._maybe_log_idle_metrics: an idle scheduler publishes
-        # log_stats every 30 s with zero queues and the pool stats of an empty pool.
-        stats = mc.SchedulerStats(kv_available_tokens=max_tokens)
-        col.log_stats(stats)
-        record_log_stats(mc, col, stats, proc, truth)
-        return
+    return max_tokens
 
-    engine = case["disagg"]
-    mine = [r for r in make_requests(case) if r["dp"] == (proc["dp_rank"] or 0)]
+
+def drive_scheduler_requests(col, truth, engine, mine):
+    """The requests' queue times and one log interval's realtime and effective prefill
+    tokens; returns the effective prefill tokens by mode."""
+    L = col.labels
     qb = col.queue_time._upper_bounds
     sb = col.per_stage_req_latency_seconds._upper_bounds
     pc = pcache = dec = 0
@@ -553,6 +577,12 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         for m, v in eff.items():
             if v:
                 truth.inc("sglang:prefill_effective_tokens_total", {**L, "mode": m}, v)
+    return eff
+
+
+def drive_scheduler_steps(col, rcol, rlabels, truth, engine):
+    """Forward and idle time, CUDA graph passes, a retraction, a radix cache eviction."""
+    L = col.labels
     # forward time / idle time
     col.increment_forward_execution_seconds("extend" if engine != "decode" else "decode", 1.5)
     truth.inc(
@@ -586,6 +616,11 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         rcol.eviction_duration_seconds._upper_bounds,
         0.0078125,
     )
+
+
+def drive_pd_transfers(col, truth, engine, mine):
+    """PD transfer metrics: a prefill server's KV transfers, a decode server's bootstraps."""
+    L = col.labels
     # PD transfer metrics
     if engine == "prefill":
         for j, r in enumerate(mine):
@@ -606,7 +641,7 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         col.increment_bootstrap_failed_reqs()
         truth.inc("sglang:num_bootstrap_failed_reqs_total", L, 1)
     if engine == "decode":
-        for j, r in enumerate(mine):
+        for j, _r in enumerate(mine):
             col.observe_kv_transfer_bootstrap(bootstrap_ms=3.0 + j, alloc_ms=0.5 * j)
             truth.observe(
                 "sglang:kv_transfer_bootstrap_ms",
@@ -620,7 +655,9 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
         col.increment_transfer_failed_reqs()
         truth.inc("sglang:num_transfer_failed_reqs_total", L, 1)
 
-    # the last log_stats of the run (metrics_reporter): gauges
+
+def log_final_stats(mc, col, case, proc, truth, engine, eff, max_tokens):
+    """The last log_stats of the run (metrics_reporter): gauges."""
     S = mc.SchedulerStats
     Q = mc.QueueCount
     used = 1234 + 200 * (proc["dp_rank"] or 0)  # TP ranks share one pool accounting
@@ -810,7 +847,9 @@ def merge_processes(m):
         k = key(h)
         if k in out["histograms"]:
             o = out["histograms"][k]
-            o["buckets"] = [[le, n + n2] for (le, n), (_, n2) in zip(o["buckets"], h["buckets"])]
+            o["buckets"] = [
+                [le, n + n2] for (le, n), (_, n2) in zip(o["buckets"], h["buckets"], strict=False)
+            ]
             o["count"] += h["count"]
             o["sum"] += h["sum"]
             o["observations"] += h["observations"]

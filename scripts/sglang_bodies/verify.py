@@ -66,11 +66,16 @@ def same(a, b):
     return (math.isnan(a) and math.isnan(b)) or a == b
 
 
+def _read(path, mode="r"):
+    with open(path, mode) as f:
+        return f.read()
+
+
 def main():
-    truth = json.load(open(os.path.join(DATA, "truth.json")))
+    truth = json.loads(_read(os.path.join(DATA, "truth.json")))
     bad = 0
     for body, t in sorted(truth.items()):
-        text = open(os.path.join(DATA, body)).read()
+        text = _read(os.path.join(DATA, body))
         got = body_samples(text)
         exp = expected_samples(t)
         missing = [k for k in exp if k not in got]
@@ -87,7 +92,7 @@ def main():
         from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 
         try:
-            n = sum(len(f.samples) for f in om_parse(open(om).read()))
+            n = sum(len(f.samples) for f in om_parse(_read(om)))
             print(f"single_after.openmetrics.txt: OpenMetrics parser OK, {n} samples")
         except Exception as e:
             print(f"single_after.openmetrics.txt: OpenMetrics parser FAILS: {e}")
@@ -97,12 +102,12 @@ def main():
     except ImportError:
         print("fleetscope not importable (set PYTHONPATH=src)")
         return bad
-    for body in sorted(truth) + ["single_after.openmetrics.txt"]:
+    for body in [*sorted(truth), "single_after.openmetrics.txt"]:
         path = os.path.join(DATA, body)
         if not os.path.exists(path):
             continue
         try:
-            e = parse(open(path, "rb").read(), time=0.0, wall_time=0.0)
+            e = parse(_read(path, "rb"), time=0.0, wall_time=0.0)
         except Exception as ex:
             print(f"fleetscope {body}: ERROR {ex}")
             continue
@@ -110,9 +115,8 @@ def main():
         for snap in e.values():
             for sid in snap:
                 fams.add(sid.split("{")[0])
-        print(
-            f"fleetscope {body}: engines={list(e)} series={sum(len(s) for s in e.values())} families~{len(fams)}"
-        )
+        n_series = sum(len(s) for s in e.values())
+        print(f"fleetscope {body}: engines={list(e)} series={n_series} families~{len(fams)}")
     return bad
 
 

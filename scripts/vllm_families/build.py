@@ -3,8 +3,9 @@
 
     python scripts/vllm_families/extract.py <0.32 vllm pkg> 0.32.0 > /tmp/v032.json
     python scripts/vllm_families/extract.py <0.33 vllm pkg> 0.33.0 > /tmp/v033.json
-    python scripts/vllm_families/build.py /tmp/v032.json /tmp/v033.json <vllm pkg>/v1/metrics/buckets.py \
-        tests/data/fixtures/vllm-0.32.0-cpu > tests/data/vllm-families/families.json
+    python scripts/vllm_families/build.py /tmp/v032.json /tmp/v033.json \
+        <vllm pkg>/v1/metrics/buckets.py tests/data/fixtures/vllm-0.32.0-cpu \
+        > tests/data/vllm-families/families.json
 
 Label expressions are resolved with the rules in RULES (each one read off the vLLM source:
 PrometheusStatLogger builds `labelnames = ["model_name", "engine"]` and hands it to the spec
@@ -27,13 +28,19 @@ BASE = ["model_name", "engine"]
 RULES = {
     "labelnames": BASE,
     "self._labelnames": BASE,
-    "metric_labelnames": BASE + ["operation", "status"],  # mooncake store: labelnames + [...]
-    "pos_labelnames": BASE + ["position"],  # spec decode: labelnames + ["position"]
-    "labels": BASE + ["operation"],  # umbp: labels = labelnames + ["operation"]
-    "self._labelnames + INFO_LABELS": BASE
-    + ["backend", "page_cache", "lazy_offload", "capacity_blocks"],
-    "self._info_keys": BASE + ["<OffloadingSpec.config_info_keys(extra_config)>"],
-    "[self.labelname_max_lora, self.labelname_waiting_lora_adapters, self.labelname_running_lora_adapters]": [
+    "metric_labelnames": [*BASE, "operation", "status"],  # mooncake store: labelnames + [...]
+    "pos_labelnames": [*BASE, "position"],  # spec decode: labelnames + ["position"]
+    "labels": [*BASE, "operation"],  # umbp: labels = labelnames + ["operation"]
+    "self._labelnames + INFO_LABELS": [
+        *BASE,
+        "backend",
+        "page_cache",
+        "lazy_offload",
+        "capacity_blocks",
+    ],
+    "self._info_keys": [*BASE, "<OffloadingSpec.config_info_keys(extra_config)>"],
+    "[self.labelname_max_lora, self.labelname_waiting_lora_adapters, "
+    "self.labelname_running_lora_adapters]": [
         "max_lora",
         "waiting_lora_adapters",
         "running_lora_adapters",
@@ -41,8 +48,10 @@ RULES = {
 }
 
 DEPRECATED_BY = {
-    "vllm:kv_offload_total_bytes_total": "vllm:kv_offload_load_bytes_total + vllm:kv_offload_store_bytes_total (transfer_type CPU_to_GPU / GPU_to_CPU)",
-    "vllm:kv_offload_total_time_total": "vllm:kv_offload_load_time_total + vllm:kv_offload_store_time_total",
+    "vllm:kv_offload_total_bytes_total": "vllm:kv_offload_load_bytes_total"
+    " + vllm:kv_offload_store_bytes_total (transfer_type CPU_to_GPU / GPU_to_CPU)",
+    "vllm:kv_offload_total_time_total": "vllm:kv_offload_load_time_total"
+    " + vllm:kv_offload_store_time_total",
     "vllm:kv_offload_size": "vllm:kv_offload_load_size + vllm:kv_offload_store_size",
 }
 
@@ -188,7 +197,9 @@ def check_against_bodies(fams, fixtures):
     for fn in sorted(os.listdir(fixtures)):
         if not fn.endswith(".prom"):
             continue
-        for fam in text_string_to_metric_families(open(os.path.join(fixtures, fn)).read()):
+        with open(os.path.join(fixtures, fn)) as f:
+            text = f.read()
+        for fam in text_string_to_metric_families(text):
             if not fam.name.startswith("vllm:") or fam.name.endswith("_created"):
                 continue
             name = fam.name + "_total" if fam.type == "counter" else fam.name
@@ -244,7 +255,8 @@ def main():
     bmod = load_buckets(bpath)
     res = {}
     for path in (e32, e33):
-        ext = json.load(open(path))
+        with open(path) as f:
+            ext = json.load(f)
         res[ext["version"]] = build(ext, bmod)
     seen, problems = check_against_bodies(res["0.32.0"], fixtures)
     print(

@@ -152,16 +152,140 @@ def _py_files(pkg):
                 yield os.path.join(root, fn)
 
 
-def extract(pkg):
-    # pass 1: class constants of every file (Metric-name classes are imported across files)
+def _read_tree(path):
+    """The file's syntax tree, None when it does not parse."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return ast.parse(f.read())
+    except SyntaxError:
+        return None
+
+
+def _collect_global_consts(pkg):
+    """Pass 1: class constants of every file (Metric-name classes are imported across files)."""
     for path in _py_files(pkg):
-        try:
-            tree = ast.parse(open(path, encoding="utf-8").read())
-        except SyntaxError:
+        tree = _read_tree(path)
+        if tree is None:
             continue
         for k, v in _str_consts(tree).items():
             if ("." in k and v.startswith("vllm:")) or v.startswith("vllm:"):
                 GLOBAL_CONSTS.setdefault(k, v)
+
+
+def _definition(name, typ, call, consts, lits, rel, line, how, multiprocess_mode=None):
+    """One family definition found in the source."""
+    return dict(
+        name=name,
+        type=typ,
+        help=_doc(_kw(call, "documentation"), consts),
+        labelnames=_src(_kw(call, "labelnames")),
+        buckets=_buckets(_kw(call, "buckets"), lits),
+        multiprocess_mode=multiprocess_mode,
+        file=rel,
+        line=line,
+        how=how,
+    )
+
+
+def _from_constructor(node, consts, lits, rel):
+    """``Counter(name=..., documentation=..., labelnames=...)`` (or positional arguments)."""
+    f = _src(node.func)
+    if not CTOR_RE.search(f):
+        return []
+    nm = _kw(node, "name")
+    if nm is None and node.args:
+        nm = node.args[0]
+    name = _resolve(nm, consts)
+    if not name or not name.startswith("vllm:"):
+        return []
+    typ = TYPE_RE.search(f.split(".")[-1]).group(1).lower()
+    doc = _kw(node, "documentation")
+    if doc is None and len(node.args) > 1:
+        doc = node.args[1]
+    ln = _kw(node, "labelnames")
+    if ln is None and len(node.args) > 2:
+        ln = node.args[2]
+    return [
+        dict(
+            name=name,
+            type=typ,
+            help=_doc(doc, consts),
+            labelnames=_src(ln),
+            buckets=_buckets(_kw(node, "buckets"), lits),
+            multiprocess_mode=_src(_kw(node, "multiprocess_mode")),
+            file=rel,
+            line=node.lineno,
+            how="constructor",
+        )
+    ]
+
+
+def _from_dict(node, consts, lits, rel):
+    """A metadata table: ``{name: Counter(...)}``."""
+    out = []
+    for k, v in zip(node.keys, node.values, strict=False):
+        name = _resolve(k, consts) if k is not None else None
+        if not name or not name.startswith("vllm:") or not isinstance(v, ast.Call):
+            continue
+        m = TYPE_RE.search(_src(v.func))
+        if not m:
+            continue
+        out.append(
+            _definition(name, m.group(1).lower(), v, consts, lits, rel, k.lineno, "metadata table")
+        )
+    return out
+
+
+def _from_subscript(node, consts, lits, rel):
+    """A metadata table filled one entry at a time: ``table[name] = Counter(...)``."""
+    name = _resolve(node.targets[0].slice, consts)
+    m = TYPE_RE.search(_src(node.value.func))
+    if not (name and name.startswith("vllm:") and m):
+        return []
+    typ = m.group(1).lower()
+    return [_definition(name, typ, node.value, consts, lits, rel, node.lineno, "metadata table")]
+
+
+def _from_tuple(node, consts, rel):
+    """A ``(name, help)`` tuple."""
+    name = _resolve(node.elts[0], consts)
+    if not (name and name.startswith("vllm:") and isinstance(node.elts[1], ast.Constant)):
+        return []
+    return [
+        dict(
+            name=name,
+            type="?",
+            help=node.elts[1].value,
+            labelnames=None,
+            buckets=None,
+            multiprocess_mode=None,
+            file=rel,
+            line=node.lineno,
+            how="(name, help) tuple",
+        )
+    ]
+
+
+def _definitions(node, consts, lits, rel):
+    """The family definitions one syntax node makes (none for most)."""
+    if isinstance(node, ast.Call):
+        return _from_constructor(node, consts, lits, rel)
+    if isinstance(node, ast.Dict):
+        return _from_dict(node, consts, lits, rel)
+    if (
+        isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Subscript)
+        and isinstance(node.value, ast.Call)
+    ):
+        return _from_subscript(node, consts, lits, rel)
+    if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+        return _from_tuple(node, consts, rel)
+    return []
+
+
+def extract(pkg):
+    _collect_global_consts(pkg)
     fams = []
     for root, _, files in os.walk(pkg):
         for fn in sorted(files):
@@ -169,103 +293,13 @@ def extract(pkg):
                 continue
             path = os.path.join(root, fn)
             rel = os.path.relpath(path, os.path.dirname(pkg))
-            try:
-                tree = ast.parse(open(path, encoding="utf-8").read())
-            except SyntaxError:
+            tree = _read_tree(path)
+            if tree is None:
                 continue
             consts = _str_consts(tree)
             lits = _literals(tree)
             for node in ast.walk(tree):
-                if isinstance(node, ast.Call):
-                    f = _src(node.func)
-                    if not CTOR_RE.search(f):
-                        continue
-                    nm = _kw(node, "name")
-                    if nm is None and node.args:
-                        nm = node.args[0]
-                    name = _resolve(nm, consts)
-                    if not name or not name.startswith("vllm:"):
-                        continue
-                    typ = TYPE_RE.search(f.split(".")[-1]).group(1).lower()
-                    doc = _kw(node, "documentation")
-                    if doc is None and len(node.args) > 1:
-                        doc = node.args[1]
-                    ln = _kw(node, "labelnames")
-                    if ln is None and len(node.args) > 2:
-                        ln = node.args[2]
-                    fams.append(
-                        dict(
-                            name=name,
-                            type=typ,
-                            help=_doc(doc, consts),
-                            labelnames=_src(ln),
-                            buckets=_buckets(_kw(node, "buckets"), lits),
-                            multiprocess_mode=_src(_kw(node, "multiprocess_mode")),
-                            file=rel,
-                            line=node.lineno,
-                            how="constructor",
-                        )
-                    )
-                elif isinstance(node, ast.Dict):
-                    for k, v in zip(node.keys, node.values):
-                        name = _resolve(k, consts) if k is not None else None
-                        if not name or not name.startswith("vllm:") or not isinstance(v, ast.Call):
-                            continue
-                        m = TYPE_RE.search(_src(v.func))
-                        if not m:
-                            continue
-                        fams.append(
-                            dict(
-                                name=name,
-                                type=m.group(1).lower(),
-                                help=_doc(_kw(v, "documentation"), consts),
-                                labelnames=_src(_kw(v, "labelnames")),
-                                buckets=_buckets(_kw(v, "buckets"), lits),
-                                multiprocess_mode=None,
-                                file=rel,
-                                line=k.lineno,
-                                how="metadata table",
-                            )
-                        )
-                elif (
-                    isinstance(node, ast.Assign)
-                    and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Subscript)
-                    and isinstance(node.value, ast.Call)
-                ):
-                    name = _resolve(node.targets[0].slice, consts)
-                    m = TYPE_RE.search(_src(node.value.func))
-                    if name and name.startswith("vllm:") and m:
-                        v = node.value
-                        fams.append(
-                            dict(
-                                name=name,
-                                type=m.group(1).lower(),
-                                help=_doc(_kw(v, "documentation"), consts),
-                                labelnames=_src(_kw(v, "labelnames")),
-                                buckets=_buckets(_kw(v, "buckets"), lits),
-                                multiprocess_mode=None,
-                                file=rel,
-                                line=node.lineno,
-                                how="metadata table",
-                            )
-                        )
-                elif isinstance(node, ast.Tuple) and len(node.elts) == 2:
-                    name = _resolve(node.elts[0], consts)
-                    if name and name.startswith("vllm:") and isinstance(node.elts[1], ast.Constant):
-                        fams.append(
-                            dict(
-                                name=name,
-                                type="?",
-                                help=node.elts[1].value,
-                                labelnames=None,
-                                buckets=None,
-                                multiprocess_mode=None,
-                                file=rel,
-                                line=node.lineno,
-                                how="(name, help) tuple",
-                            )
-                        )
+                fams.extend(_definitions(node, consts, lits, rel))
     return fams
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -104,14 +104,14 @@ class HealthEvent:
 @dataclass
 class HealthMonitor:
     thresholds: HealthThresholds = field(default_factory=HealthThresholds)
-    # last waiting, polls and seconds it grew in a row
-    _queue: dict[str, tuple[float, int, float]] = field(default_factory=dict)
-    _outlier: dict[str, float] = field(default_factory=dict)  # seconds below, in a row
-    _stall: dict[str, float] = field(default_factory=dict)  # seconds without a token
-    _kv: dict[str, tuple[int, float]] = field(default_factory=dict)  # polls, s at/above kv_full
+    # per engine: polls and seconds in a row each streak condition held (see _streak)
+    _waiting: dict[str, float] = field(default_factory=dict)  # last waiting queue
+    _queue: dict[str, tuple[int, float]] = field(default_factory=dict)  # the queue grew
+    _outlier: dict[str, tuple[int, float]] = field(default_factory=dict)  # below the median
+    _stall: dict[str, tuple[int, float]] = field(default_factory=dict)  # without a token
+    _kv: dict[str, tuple[int, float]] = field(default_factory=dict)  # at/above kv_full
 
     def evaluate(self, result: PollReadings, roles: Mapping[str, str | None]) -> list[HealthEvent]:
-        t = self.thresholds
         stats = result.stats
         events: list[HealthEvent] = []
         per_engine = stats.engine_values(_READ)
@@ -120,107 +120,150 @@ class HealthMonitor:
         for eid, m in per_engine.items():
             role = roles.get(eid)
             interval = seconds.get(eid, 0.0)  # 0 for a baseline-only first observation
-            fresh = interval > 0
             running = m.get(catalog.RUNNING)
-            gen = next((m[k] for k in catalog.DECODE_RATES if m.get(k) is not None), None)
-            if (
-                fresh
-                and role != "prefill"
-                and running is not None
-                and running > 0
-                and gen is not None
-                and gen == 0
-            ):
-                # two polls close together can both see no new token: judge over seconds
-                stalled = self._stall.get(eid, 0.0) + interval
-                self._stall[eid] = stalled
-                if stalled >= t.stall_seconds:
-                    events.append(
-                        HealthEvent(
-                            "generation_stalled",
-                            eid,
-                            running,
-                            f"{eid}: {running:.0f} requests running, no token for {stalled:.0f} s",
-                        )
-                    )
-            elif fresh:
-                self._stall.pop(eid, None)
-            kv = m.get(catalog.KV_USAGE)
-            if kv is not None:
-                polls, secs = self._kv.get(eid, (0, 0.0))
-                polls, secs = (polls + 1, secs + interval) if kv >= t.kv_full else (0, 0.0)
-                self._kv[eid] = (polls, secs)
-                if polls >= t.kv_polls and secs >= t.kv_seconds:
-                    events.append(
-                        HealthEvent(
-                            "kv_cache_near_full",
-                            eid,
-                            kv,
-                            f"{eid}: KV cache {kv:.0%} full ({polls} polls, {secs:.0f} s in a row)",
-                        )
-                    )
             waiting = m.get(catalog.WAITING)
-            if waiting is not None:
-                last, streak, secs = self._queue.get(eid, (math.inf, 0, 0.0))
-                streak, secs = (streak + 1, secs + interval) if waiting > last else (0, 0.0)
-                self._queue[eid] = (waiting, streak, secs)
-                if streak >= t.queue_polls and secs >= t.queue_seconds and waiting > (running or 0):
-                    events.append(
-                        HealthEvent(
-                            "queue_growing",
-                            eid,
-                            waiting,
-                            f"{eid}: waiting queue grew {streak} polls ({secs:.0f} s) in a row "
-                            f"to {waiting:.0f}",
-                        )
-                    )
-            pre = m.get(catalog.PREEMPTION_RATE)
-            if pre is not None and fresh:
-                burst = pre * interval
-                if burst >= t.preemption_burst:
-                    events.append(
-                        HealthEvent(
-                            "preemption_burst",
-                            eid,
-                            burst,
-                            f"{eid}: {burst:.0f} preemptions in one poll",
-                        )
-                    )
+            gen = next((m[k] for k in catalog.DECODE_RATES if m.get(k) is not None), None)
+            found = (
+                self._generation_stalled(eid, role, running, gen, interval),
+                self._kv_cache_near_full(eid, m.get(catalog.KV_USAGE), interval),
+                self._queue_growing(eid, waiting, running, interval),
+                self._preemption_burst(eid, m.get(catalog.PREEMPTION_RATE), interval),
+            )
+            events.extend(e for e in found if e is not None)
             # an engine with nothing to do generates nothing: idle, not an outlier (at the end
             # of a batch the engines that finished first wait for the stragglers)
             idle = running is not None and running == 0 and not (waiting or 0) > 0
-            if fresh and gen is not None and not idle:
+            if interval > 0 and gen is not None and not idle:
                 by_role.setdefault(role, []).append((eid, gen, interval))
             elif idle:
                 self._outlier.pop(eid, None)
         for role, rows in by_role.items():
-            med = statistics.median(v for _, v, _ in rows)
-            if role == "prefill" or len(rows) < 3 or med < t.outlier_min_median:
-                for eid, _, _ in rows:  # not judged this poll: a streak is "in a row" or nothing
-                    self._outlier.pop(eid, None)
-                continue
-            for eid, v, interval in rows:
-                if v < t.outlier_fraction * med:
-                    below = self._outlier.get(eid, 0.0) + interval
-                    self._outlier[eid] = below
-                    if below >= t.outlier_seconds:
-                        events.append(
-                            HealthEvent(
-                                "engine_outlier",
-                                eid,
-                                v,
-                                f"{eid}: {v:.1f} tok/s, far below its role's median "
-                                f"{med:.1f} for {below:.0f} s",
-                            )
-                        )
-                else:
-                    self._outlier.pop(eid, None)
-        for sc in result.scrapes:
-            if not sc.ok:
+            events.extend(self._engine_outliers(role, rows))
+        events.extend(_scrape_failed(result.scrapes))
+        return events
+
+    def _generation_stalled(
+        self,
+        eid: str,
+        role: str | None,
+        running: float | None,
+        gen: float | None,
+        interval: float,
+    ) -> HealthEvent | None:
+        """Requests running and no token generated for ``stall_seconds`` (not prefill)."""
+        if not interval > 0:
+            return None  # a baseline: no interval to judge, the streak stands
+        # two polls close together can both see no new token: judge over seconds
+        no_token = role != "prefill" and running is not None and running > 0 and gen == 0
+        _, stalled = _streak(self._stall, eid, no_token, interval)
+        if no_token and stalled >= self.thresholds.stall_seconds:
+            return HealthEvent(
+                "generation_stalled",
+                eid,
+                running,
+                f"{eid}: {running:.0f} requests running, no token for {stalled:.0f} s",
+            )
+        return None
+
+    def _kv_cache_near_full(
+        self, eid: str, kv: float | None, interval: float
+    ) -> HealthEvent | None:
+        """KV usage at or above ``kv_full`` for ``kv_polls`` polls and ``kv_seconds``."""
+        if kv is None:
+            return None
+        t = self.thresholds
+        polls, secs = _streak(self._kv, eid, kv >= t.kv_full, interval)
+        if polls >= t.kv_polls and secs >= t.kv_seconds:
+            return HealthEvent(
+                "kv_cache_near_full",
+                eid,
+                kv,
+                f"{eid}: KV cache {kv:.0%} full ({polls} polls, {secs:.0f} s in a row)",
+            )
+        return None
+
+    def _queue_growing(
+        self, eid: str, waiting: float | None, running: float | None, interval: float
+    ) -> HealthEvent | None:
+        """The waiting queue grew for ``queue_polls`` polls and ``queue_seconds`` in a row and
+        exceeds the running batch."""
+        if waiting is None:
+            return None
+        t = self.thresholds
+        grew = waiting > self._waiting.get(eid, math.inf)
+        self._waiting[eid] = waiting
+        streak, secs = _streak(self._queue, eid, grew, interval)
+        if streak >= t.queue_polls and secs >= t.queue_seconds and waiting > (running or 0):
+            return HealthEvent(
+                "queue_growing",
+                eid,
+                waiting,
+                f"{eid}: waiting queue grew {streak} polls ({secs:.0f} s) in a row "
+                f"to {waiting:.0f}",
+            )
+        return None
+
+    def _preemption_burst(
+        self, eid: str, rate: float | None, interval: float
+    ) -> HealthEvent | None:
+        """At least ``preemption_burst`` preemptions in one poll."""
+        if rate is None or not interval > 0:
+            return None
+        burst = rate * interval
+        if burst >= self.thresholds.preemption_burst:
+            return HealthEvent(
+                "preemption_burst", eid, burst, f"{eid}: {burst:.0f} preemptions in one poll"
+            )
+        return None
+
+    def _engine_outliers(
+        self, role: str | None, rows: list[tuple[str, float, float]]
+    ) -> list[HealthEvent]:
+        """Generation rate below ``outlier_fraction`` of the role's median in every poll for
+        ``outlier_seconds`` (>= 3 engines with requests in the role, not prefill)."""
+        t = self.thresholds
+        med = statistics.median(v for _, v, _ in rows)
+        if role == "prefill" or len(rows) < 3 or med < t.outlier_min_median:
+            for eid, _, _ in rows:  # not judged this poll: a streak is "in a row" or nothing
+                self._outlier.pop(eid, None)
+            return []
+        events = []
+        for eid, v, interval in rows:
+            below = v < t.outlier_fraction * med
+            _, secs = _streak(self._outlier, eid, below, interval)
+            if below and secs >= t.outlier_seconds:
                 events.append(
-                    HealthEvent("scrape_failed", sc.endpoint, None, f"{sc.endpoint}: {sc.error}")
+                    HealthEvent(
+                        "engine_outlier",
+                        eid,
+                        v,
+                        f"{eid}: {v:.1f} tok/s, far below its role's median "
+                        f"{med:.1f} for {secs:.0f} s",
+                    )
                 )
         return events
+
+
+def _streak(
+    streaks: dict[str, tuple[int, float]], eid: str, holds: bool, seconds: float
+) -> tuple[int, float]:
+    """Polls and seconds in a row a condition held for ``eid``: one more poll of ``seconds``
+    while it holds; (0, 0.0), the streak forgotten, as soon as it does not."""
+    if not holds:
+        streaks.pop(eid, None)
+        return 0, 0.0
+    polls, secs = streaks.get(eid, (0, 0.0))
+    streaks[eid] = grown = (polls + 1, secs + seconds)
+    return grown
+
+
+def _scrape_failed(scrapes: Iterable[ScrapeResult]) -> list[HealthEvent]:
+    """The endpoints that did not answer with a valid exposition."""
+    return [
+        HealthEvent("scrape_failed", sc.endpoint, None, f"{sc.endpoint}: {sc.error}")
+        for sc in scrapes
+        if not sc.ok
+    ]
 
 
 def health_keys(events: list[HealthEvent], prefix: str = "inference") -> dict[str, float]:

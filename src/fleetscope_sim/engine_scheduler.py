@@ -133,9 +133,45 @@ class EngineScheduler(EngineMetrics):
         lp = self.load
         now = self.now
         running = self._running
-        waiting = self._waiting
         # 1. KV blocks for this step's decode tokens; preempt (LIFO) when they do not fit.
-        bs = lp.block_size
+        preempted = self._reserve_decode_blocks()
+        decode_reqs = list(running)
+        # 2. admit waiting requests (FIFO) within slots, token budget and free blocks.
+        prefill_reqs, prefill_tokens = self._admit(now, decode_reqs)
+        if preempted:
+            self._inc("vllm:num_preemptions_total", preempted)
+        if not decode_reqs and not prefill_reqs:
+            self.now = now + lp.step_seconds_base
+            return
+        # 3. run the iteration.
+        n_seqs = len(decode_reqs) + len(prefill_reqs)
+        duration = (
+            lp.step_seconds_base
+            + lp.step_seconds_per_seq * n_seqs
+            + lp.step_seconds_per_prefill_token * prefill_tokens
+        ) * self.slowdown
+        t = now + duration
+        self.now = t
+        # 4. emit one token per scheduled request.
+        context_tokens = self._emit_tokens(t, decode_reqs, prefill_reqs)
+        step_tokens = prefill_tokens + n_seqs
+        self._observe("vllm:iteration_tokens_total", step_tokens)
+        # plain counters are summed over the step and recorded once at its end (_flush_step)
+        acc = self._step_acc
+        acc[0] += n_seqs
+        acc[1] += 2.0 * lp.model_params * step_tokens
+        acc[2] += 2.0 * lp.model_params + float(context_tokens * lp.kv_bytes_per_token)
+        acc[3] += float(step_tokens * lp.kv_bytes_per_token)
+        # 5. finish requests.
+        if any(r.generated >= r.end_at for r in running):
+            self._finish_done(t)
+
+    def _reserve_decode_blocks(self) -> int:
+        """One more token for every running request needs at most one more KV block each;
+        while they do not fit, the last admitted request is preempted (back to the front of
+        the queue, to be recomputed). Returns how many were preempted."""
+        running = self._running
+        bs = self.load.block_size
         preempted = 0
         while running:
             growing = [r for r in running if r.prompt_len + r.generated + 1 > r.blocks * bs]
@@ -149,10 +185,16 @@ class EngineScheduler(EngineMetrics):
             victim.blocks = 0
             victim.preemptions += 1
             victim.needs_recompute = True
-            waiting.appendleft(victim)
+            self._waiting.appendleft(victim)
             preempted += 1
-        decode_reqs = list(running)
-        # 2. admit waiting requests (FIFO) within slots, token budget and free blocks.
+        return preempted
+
+    def _admit(self, now: float, decode_reqs: list[SimRequest]) -> tuple[list[SimRequest], int]:
+        """Waiting requests (FIFO) admitted within slots, the token budget and free blocks
+        (above a watermark); returns them and their prefill tokens."""
+        lp = self.load
+        running = self._running
+        waiting = self._waiting
         budget = lp.max_num_batched_tokens - len(decode_reqs)
         watermark = max(1, self.total_blocks // 100)
         prefill_reqs: list[SimRequest] = []
@@ -178,21 +220,13 @@ class EngineScheduler(EngineMetrics):
             prefill_reqs.append(r)
             if r.scheduled_at is None:
                 r.scheduled_at = now
-        if preempted:
-            self._inc("vllm:num_preemptions_total", preempted)
-        if not decode_reqs and not prefill_reqs:
-            self.now = now + lp.step_seconds_base
-            return
-        # 3. run the iteration.
-        n_seqs = len(decode_reqs) + len(prefill_reqs)
-        duration = (
-            lp.step_seconds_base
-            + lp.step_seconds_per_seq * n_seqs
-            + lp.step_seconds_per_prefill_token * prefill_tokens
-        ) * self.slowdown
-        t = now + duration
-        self.now = t
-        # 4. emit one token per scheduled request.
+        return prefill_reqs, prefill_tokens
+
+    def _emit_tokens(
+        self, t: float, decode_reqs: list[SimRequest], prefill_reqs: list[SimRequest]
+    ) -> int:
+        """One token per scheduled request at ``t`` (a prefill's first one is its TTFT);
+        observes the inter-token gaps; returns the context tokens the step attended to."""
         gaps: dict[float, int] = {}
         context_tokens = 0
         for r in decode_reqs:
@@ -215,17 +249,7 @@ class EngineScheduler(EngineMetrics):
             r.needs_recompute = False
         for gap, times in gaps.items():
             self._observe("vllm:inter_token_latency_seconds", gap, times)
-        step_tokens = prefill_tokens + n_seqs
-        self._observe("vllm:iteration_tokens_total", step_tokens)
-        # plain counters are summed over the step and recorded once at its end (_flush_step)
-        acc = self._step_acc
-        acc[0] += n_seqs
-        acc[1] += 2.0 * lp.model_params * step_tokens
-        acc[2] += 2.0 * lp.model_params + float(context_tokens * lp.kv_bytes_per_token)
-        acc[3] += float(step_tokens * lp.kv_bytes_per_token)
-        # 5. finish requests.
-        if any(r.generated >= r.end_at for r in running):
-            self._finish_done(t)
+        return context_tokens
 
     def _fused_decode(self, t_end: float) -> bool:
         """Run k > 1 identical decode-only iterations at once, when nothing can change the
@@ -247,35 +271,9 @@ class EngineScheduler(EngineMetrics):
         k = math.ceil((horizon - self.now) / d)
         if k < 2:
             return False
-        bs = lp.block_size
-        context = 0
-        room_min = k
-        for r in running:
-            used = r.prompt_len + r.generated
-            room = r.blocks * bs - used
-            left = r.end_at - r.generated
-            if room < room_min:
-                room_min = room
-            if left < k:
-                k = left
-            context += used
-        # KV blocks the k iterations need: allocated up front (what k _iterate() calls end up
-        # with) when free; otherwise stop before the first block boundary.
-        extra = 0
-        if room_min < k:
-            extra = sum(
-                max(0, -(-(r.prompt_len + r.generated + k) // bs) - r.blocks) for r in running
-            )
-            if extra > self.total_blocks - self.used_blocks:
-                k, extra = room_min, 0
+        k, context = self._fused_iterations(k)
         if k < 2:
             return False
-        if extra:
-            for r in running:
-                need = -(-(r.prompt_len + r.generated + k) // bs)
-                if need > r.blocks:
-                    r.blocks = need
-            self.used_blocks += extra
         t = self.now + k * d
         self.now = t
         self._observe("vllm:inter_token_latency_seconds", d, n * k)
@@ -296,6 +294,41 @@ class EngineScheduler(EngineMetrics):
         if done:
             self._finish_done(t)
         return True
+
+    def _fused_iterations(self, k: int) -> tuple[int, int]:
+        """How many of the ``k`` decode iterations can run fused: none past a request's end,
+        none past a KV block boundary unless the blocks they need are free (then allocated up
+        front, what k ``_iterate()`` calls end up with). Returns that count and the running
+        requests' context tokens."""
+        running = self._running
+        bs = self.load.block_size
+        context = 0
+        room_min = k
+        for r in running:
+            used = r.prompt_len + r.generated
+            room = r.blocks * bs - used
+            left = r.end_at - r.generated
+            if room < room_min:
+                room_min = room
+            if left < k:
+                k = left
+            context += used
+        # KV blocks the k iterations need: allocated up front (what k _iterate() calls end up
+        # with) when free; otherwise stop before the first block boundary.
+        extra = 0
+        if room_min < k:
+            extra = sum(
+                max(0, -(-(r.prompt_len + r.generated + k) // bs) - r.blocks) for r in running
+            )
+            if extra > self.total_blocks - self.used_blocks:
+                k, extra = room_min, 0
+        if k >= 2 and extra:
+            for r in running:
+                need = -(-(r.prompt_len + r.generated + k) // bs)
+                if need > r.blocks:
+                    r.blocks = need
+            self.used_blocks += extra
+        return k, context
 
     def _finish_done(self, t: float) -> None:
         still: list[SimRequest] = []

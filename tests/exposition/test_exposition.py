@@ -89,55 +89,59 @@ class Reference:
                 if labels.get(identity[-1]) is not None and identity[-1] in labels:
                     engine = "/".join(labels[k] for k in identity if labels.get(k))
                 kept = {k: v for k, v in labels.items() if k in BREAKDOWN}
-                if (
-                    f.type == "gauge"
-                    and f.name.endswith("_created")
-                    and (f.name[:-8] in with_created)
-                ):
-                    kind, sid = "created", _sid(_canon(f.name[:-8]) + "_created", kept)
-                elif f.type == "gauge" and ray and f.name in by_type["counter"]:
+                found = _kind_and_sid(f, s, labels, kept, ray, by_type, with_created)
+                if found is None:
                     continue  # Ray's OpenCensus copy of a counter
-                elif f.type == "counter":
-                    base = _canon(f.name)
-                    if s.name.endswith("_created"):
-                        kind, sid = "created", _sid(base + "_created", kept)
-                    else:
-                        kind, sid = "counter", _sid(base + "_total", kept)
-                elif f.type in ("histogram", "summary"):
-                    base = _canon(f.name)
-                    suffix = s.name[len(f.name) :]
-                    if suffix == "_bucket":
-                        kind = "histogram"
-                        sid = _sid(base + "_bucket", {**kept, "le": _le(labels["le"])})
-                    elif suffix in ("_sum", "_count", "_created"):
-                        kind = "histogram" if suffix != "_created" else "created"
-                        sid = _sid(base + suffix, kept)
-                    else:  # summary quantile
-                        kind, sid = "gauge", _sid(base, kept)
-                elif f.type == "info" or s.name.endswith("_info"):
-                    base = _canon(s.name)
-                    kind, sid = "info", base
+                kind, sid = found
+                if kind == "info":
                     # the engine's config: its identity labels are not part of it
-                    self.info[engine][base] = {
+                    self.info[engine][sid] = {
                         k: v for k, v in labels.items() if k not in identity and k != "le"
                     }
-                else:
-                    kind, sid = "gauge", _sid(_canon(s.name), kept)
-                if kind == "created":  # children summed into one series keep the earliest
-                    prev = self.values[engine].get(sid)
-                    self.values[engine][sid] = s.value if prev is None else min(prev, s.value)
-                else:
-                    self.values[engine][sid] += s.value
-                family = sid.split("{", 1)[0]
-                if kind == "counter":
-                    family = family.removesuffix("_total")
-                if kind == "histogram":
-                    family = re.sub(r"_(bucket|sum|count)$", "", family)
-                self.kinds[engine][kind].add(family)
+                self._record(engine, kind, sid, s.value)
         if "" in self.values and len(self.values) == 1:  # no identity at all: one engine
             self.values = {"0": self.values.pop("")}
             self.kinds = {"0": self.kinds.pop("")}
             self.info = {"0": self.info.pop("", {})}
+
+    def _record(self, engine: str, kind: str, sid: str, value: float) -> None:
+        if kind == "created":  # children summed into one series keep the earliest
+            prev = self.values[engine].get(sid)
+            self.values[engine][sid] = value if prev is None else min(prev, value)
+        else:
+            self.values[engine][sid] += value
+        family = sid.split("{", 1)[0]
+        if kind == "counter":
+            family = family.removesuffix("_total")
+        if kind == "histogram":
+            family = re.sub(r"_(bucket|sum|count)$", "", family)
+        self.kinds[engine][kind].add(family)
+
+
+def _kind_and_sid(
+    f, s, labels: dict[str, str], kept: dict[str, str], ray: bool, by_type, with_created
+) -> tuple[str, str] | None:
+    """A sample's kind and series id by docs/rules.md §2 (None: a sample not counted)."""
+    if f.type == "gauge" and f.name.endswith("_created") and (f.name[:-8] in with_created):
+        return "created", _sid(_canon(f.name[:-8]) + "_created", kept)
+    if f.type == "gauge" and ray and f.name in by_type["counter"]:
+        return None  # Ray's OpenCensus copy of a counter
+    if f.type == "counter":
+        base = _canon(f.name)
+        if s.name.endswith("_created"):
+            return "created", _sid(base + "_created", kept)
+        return "counter", _sid(base + "_total", kept)
+    if f.type in ("histogram", "summary"):
+        base = _canon(f.name)
+        suffix = s.name[len(f.name) :]
+        if suffix == "_bucket":
+            return "histogram", _sid(base + "_bucket", {**kept, "le": _le(labels["le"])})
+        if suffix in ("_sum", "_count", "_created"):
+            return ("histogram" if suffix != "_created" else "created"), _sid(base + suffix, kept)
+        return "gauge", _sid(base, kept)  # summary quantile
+    if f.type == "info" or s.name.endswith("_info"):
+        return "info", _canon(s.name)
+    return "gauge", _sid(_canon(s.name), kept)
 
 
 def our_values(snap) -> dict[str, float]:

@@ -92,6 +92,86 @@ class RLRun:
         return list(range(names.index(first), names.index(last) + 1))
 
 
+class _Driver:
+    """The test's side: HTTP calls to the servers (recorded, and what each serves then), the
+    collector's polls (recorded with the policy announced and what the test set)."""
+
+    def __init__(
+        self,
+        run: RLRun,
+        http: httpx.AsyncClient,
+        c: Any,
+        serving: dict[str, str],
+        policy: list[str | None],
+    ) -> None:
+        self.run, self.urls, self.http, self.c = run, run.urls, http, c
+        self.serving, self.policy = serving, policy
+
+    async def call(self, server: str, method: str, path: str, body: Any = None) -> Call:
+        t0 = time.monotonic()
+        r = await self.http.request(method, self.urls[server] + path, json=body)
+        try:
+            answer = r.json()
+        except ValueError:
+            answer = r.text
+        c = Call(server, method, path.split("?")[0], r.status_code, answer, t0, time.monotonic())
+        self.run.calls.append(c)
+        if r.status_code == 200 and c.path == "/update_weight_version":
+            self.serving[server] = body["new_version"]
+        elif r.status_code == 200 and c.path == "/finish_weight_update":
+            self.serving[server] = body["weight_version"]
+        return c
+
+    async def snapshot(self, phase: str) -> None:
+        http, urls, run = self.http, self.urls, self.run
+        run.bodies[phase] = {n: (await http.get(u + "/metrics")).text for n, u in urls.items()}
+        run.weight_info[phase] = {
+            n: (await http.get(u + "/weight_info")).json()["weight_version"]
+            for n, u in urls.items()
+        }
+        run.served_at[phase] = dict(self.serving)
+
+    def record(self, phase: str, view: Any) -> None:
+        self.run.views.append((phase, view))
+        self.run.truth.append((self.policy[0], dict(self.serving)))
+
+    async def poll(self, phase: str) -> Any:
+        view = await self.c.poll()
+        self.record(phase, view)
+        return view
+
+    async def poll_known(self, phase: str, seconds: float = 120.0) -> Any:
+        """A poll that knows every endpoint's served version (the others: ``settle``)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            view = await self.c.poll()
+            if all(f"inference/{n}/weight_version_index" in view.keys for n in self.urls):
+                self.record(phase, view)
+                return view
+            self.record("settle", view)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the collector never saw every version ({phase})")
+            await asyncio.sleep(1.0)
+
+    async def generated(self, server: str) -> float:
+        text = (await self.http.get(self.urls[server] + "/metrics")).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:generation_tokens_total{")
+        )
+
+    async def poll_until(self, ready: Any, what: str, seconds: float = 120.0) -> None:
+        """Poll ("settle") until the collector has seen what the test just did: a probe that
+        missed its deadline on a loaded machine backs off 30 s, and its answer is unknown
+        (counted nowhere) meanwhile."""
+        deadline = time.monotonic() + seconds
+        while not ready(await self.poll("settle")):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the collector never saw {what}")
+            await asyncio.sleep(1.0)
+
+
 async def rl_scenario(urls: dict[str, str], prom: Any, out_dir: Path) -> RLRun:
     from fleetscope.collector.core import Collector
     from fleetscope.sources.http.source import Endpoint
@@ -100,74 +180,11 @@ async def rl_scenario(urls: dict[str, str], prom: Any, out_dir: Path) -> RLRun:
     serving = dict.fromkeys(urls, VERSIONS[0])  # what each server serves, by the test's calls
     policy: list[str | None] = [None]  # the collector's policy version
     async with httpx.AsyncClient(timeout=60) as http:
-
-        async def call(server: str, method: str, path: str, body: Any = None) -> Call:
-            t0 = time.monotonic()
-            r = await http.request(method, urls[server] + path, json=body)
-            try:
-                answer = r.json()
-            except ValueError:
-                answer = r.text
-            c = Call(
-                server, method, path.split("?")[0], r.status_code, answer, t0, time.monotonic()
-            )
-            run.calls.append(c)
-            if r.status_code == 200 and c.path == "/update_weight_version":
-                serving[server] = body["new_version"]
-            elif r.status_code == 200 and c.path == "/finish_weight_update":
-                serving[server] = body["weight_version"]
-            return c
-
-        async def snapshot(phase: str) -> None:
-            run.bodies[phase] = {n: (await http.get(u + "/metrics")).text for n, u in urls.items()}
-            run.weight_info[phase] = {
-                n: (await http.get(u + "/weight_info")).json()["weight_version"]
-                for n, u in urls.items()
-            }
-            run.served_at[phase] = dict(serving)
-
         eps = [Endpoint(u, n, role=ROLES[n]) for n, u in urls.items()]
         c = Collector(eps, interval=3600, timeout=10, rl_probes=True)
-
-        def record(phase: str, view: Any) -> None:
-            run.views.append((phase, view))
-            run.truth.append((policy[0], dict(serving)))
-
-        async def poll(phase: str) -> Any:
-            view = await c.poll()
-            record(phase, view)
-            return view
-
-        async def poll_known(phase: str, seconds: float = 120.0) -> Any:
-            """A poll that knows every endpoint's served version (the others: ``settle``)."""
-            deadline = time.monotonic() + seconds
-            while True:
-                view = await c.poll()
-                if all(f"inference/{n}/weight_version_index" in view.keys for n in urls):
-                    record(phase, view)
-                    return view
-                record("settle", view)
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"the collector never saw every version ({phase})")
-                await asyncio.sleep(1.0)
-
-        async def generated(server: str) -> float:
-            text = (await http.get(urls[server] + "/metrics")).text
-            return sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith("vllm:generation_tokens_total{")
-            )
-
-        async def poll_until(ready: Any, what: str, seconds: float = 120.0) -> None:
-            """Poll ("settle") until the collector has seen what the test just did: a probe that
-            missed its deadline on a loaded machine backs off 30 s, and its answer is unknown
-            (counted nowhere) meanwhile."""
-            deadline = time.monotonic() + seconds
-            while not ready(await poll("settle")):
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"the collector never saw {what}")
-                await asyncio.sleep(1.0)
+        d = _Driver(run, http, c, serving, policy)
+        call, snapshot, record, poll = d.call, d.snapshot, d.record, d.poll
+        poll_known, generated, poll_until = d.poll_known, d.generated, d.poll_until
 
         proc = proc2 = None
         try:

@@ -376,15 +376,7 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
     truth0 = fleet.truth_total("vllm:generation_tokens_total")
     totals = dict.fromkeys(collectors, 0.0)
     try:
-        # every collector discovers the roles (side requests beside the first polls, retried
-        # with backoff if a loaded machine made one miss its deadline) before they are compared
-        want_roles = {ep.name: ep.role for ep in fleet.endpoints}
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and any(
-            {e.name: e.role for e in c.endpoints} != want_roles for c in collectors.values()
-        ):
-            await _poll_all(collectors)
-            await asyncio.sleep(0.5)
+        await _discover_roles(fleet, collectors)
         history = []
         for step in range(3):  # baselines; FAILING answers HTTP 500; it is back
             if step:
@@ -396,25 +388,11 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
             views, t0, t1 = await _poll_all(collectors)
             history.append((views, t0))
             keys = {name: v.keys for name, v in views.items()}
-            for name in ("shards2", "shards4"):
-                n = _compare(keys[name], keys["one"], f"step {step} {name}")
-                assert n > 500, n
-                # the typed view too (admission control reads it)
-                want_pre = {
-                    e: x.preemptions_since_last_poll for e, x in views["one"].engines.items()
-                }
-                got_pre = {e: x.preemptions_since_last_poll for e, x in views[name].engines.items()}
-                assert got_pre == want_pre, (step, name)
-                lens = {e: x.max_model_len for e, x in views[name].engines.items()}
-                assert lens == {e: x.max_model_len for e, x in views["one"].engines.items()}
-                assert views[name].engines["prefill0.0"].max_model_len == 512  # /v1/models
-                if step:
-                    assert sum(v is not None for v in want_pre.values()) >= 8
+            _check_shards_agree(step, views, keys)
             for name, v in views.items():
                 totals[name] += v.keys.get(gen, 0.0)
-            agg = keys["one"]
             if step == 0:
-                assert agg.get(gen, 0.0) == 0.0  # the fleet has not moved since the warm-up
+                assert keys["one"].get(gen, 0.0) == 0.0  # the fleet has not moved since warm-up
                 # a window from here to the end: its boundary polls see the same bodies
                 for c in collectors.values():
                     await c.window("train").astart()
@@ -423,51 +401,12 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
             prev_views, prev_t0 = history[-2]
             for name, v in views.items():
                 _check_rates(v.result.stats, prev_views[name].result.stats, t1 - prev_t0, name)
-            failed = step == 1
-            dp_failed = RAY_DP[-1]
-            for name, k in keys.items():
-                assert k["inference/agg/scrape_failures"] == float(failed), name
-                assert k["inference/decode/scrape_failures"] == float(failed), name
-                assert k["inference/agg/scrape_failures_total"] == 1.0, name
-                assert k["inference/health/scrape_failed"] == float(failed), name
-                assert k["inference/agg/endpoints_reporting"] == len(eps) - failed, name
-                assert k["inference/agg/engines_reporting"] == sum(RAY_DP) - failed * dp_failed
-                assert k["inference/decode/engines_reporting"] == (
-                    sum(d for d, r in zip(RAY_DP, RAY_ROLES, strict=True) if r == "decode")
-                    - failed * dp_failed
-                ), name
-                assert (f"inference/{FAILING}.0/num_requests_running" in k) == (not failed)
-                # roles reach the driver: a prefill engine's ~0 generation never pins decode
-                assert k["inference/health/engine_outlier"] == 0.0, name
+            _check_failure_keys(keys, failed=step == 1, n_endpoints=len(eps))
         # the failed poll's increase is counted at the next success: run totals are exact
         want = fleet.truth_total("vllm:generation_tokens_total") - truth0
         for name, total in totals.items():
             assert total == want, (name, total, want)
-
-        # windows: the shards' per-engine sums plus the driver's polls give one collector's keys
-        window = {name: await c.window("train").astop() for name, c in collectors.items()}
-        in_window = fleet.truth_total("vllm:generation_tokens_total") - truth_start
-        for name, k in window.items():
-            assert k["inference/train/agg/generation_tokens_total/delta"] == in_window, name
-            assert k["inference/train/polls"] == 3.0 and k["inference/train/failed_scrapes"] == 1
-            assert k["inference/train/coverage"] == 1.0, name  # the failure cost nothing
-        for name in ("shards2", "shards4"):
-            skip = interval_clock_dependent(window["one"])
-            n = _compare(window[name], window["one"], f"window {name}", skip)
-            assert n > 500, n
-        # the run summary mid-run: the shards are asked for their sums (async and sync)
-        mid = {name: await c.asummary() for name, c in collectors.items()}
-        assert mid["one"]["inference_summary/train/agg/generation_tokens_total/delta"] == in_window
-        skip = interval_clock_dependent(mid["one"])
-        for name in ("shards2", "shards4"):
-            assert _compare(mid[name], mid["one"], f"mid-run summary {name}", skip) > 1000
-            assert collectors[name].summary() == mid[name]  # nothing polled in between
-        # checkpoints: a sharded collector's state (shards' sums merged in) resumes anywhere
-        for name, c in collectors.items():
-            resumed = Collector([], interval=5.0)
-            resumed.load_state_dict(c.state_dict())
-            assert resumed.summary() == mid[name], name
-            await resumed.stop()
+        in_window = await _check_window_summary_and_state(fleet, collectors, truth_start)
     finally:
         for c in collectors.values():
             await c.stop()
@@ -480,6 +419,86 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
         skip = interval_clock_dependent(summary["one"])
         n = _compare(summary[name], summary["one"], f"summary {name}", skip)
         assert n > 1000, n
+
+
+async def _discover_roles(fleet: SimFleet, collectors: dict[str, Collector]) -> None:
+    """Every collector discovers the roles (side requests beside the first polls, retried
+    with backoff if a loaded machine made one miss its deadline) before they are compared."""
+    want_roles = {ep.name: ep.role for ep in fleet.endpoints}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and any(
+        {e.name: e.role for e in c.endpoints} != want_roles for c in collectors.values()
+    ):
+        await _poll_all(collectors)
+        await asyncio.sleep(0.5)
+
+
+def _check_shards_agree(step: int, views: dict, keys: dict[str, dict[str, float]]) -> None:
+    """The sharded collectors' keys and typed views are one collector's."""
+    for name in ("shards2", "shards4"):
+        n = _compare(keys[name], keys["one"], f"step {step} {name}")
+        assert n > 500, n
+        # the typed view too (admission control reads it)
+        want_pre = {e: x.preemptions_since_last_poll for e, x in views["one"].engines.items()}
+        got_pre = {e: x.preemptions_since_last_poll for e, x in views[name].engines.items()}
+        assert got_pre == want_pre, (step, name)
+        lens = {e: x.max_model_len for e, x in views[name].engines.items()}
+        assert lens == {e: x.max_model_len for e, x in views["one"].engines.items()}
+        assert views[name].engines["prefill0.0"].max_model_len == 512  # /v1/models
+        if step:
+            assert sum(v is not None for v in want_pre.values()) >= 8
+
+
+def _check_failure_keys(keys: dict[str, dict[str, float]], failed: bool, n_endpoints: int) -> None:
+    """Every collector counts the failed scrape (or none) the same way."""
+    dp_failed = RAY_DP[-1]
+    for name, k in keys.items():
+        assert k["inference/agg/scrape_failures"] == float(failed), name
+        assert k["inference/decode/scrape_failures"] == float(failed), name
+        assert k["inference/agg/scrape_failures_total"] == 1.0, name
+        assert k["inference/health/scrape_failed"] == float(failed), name
+        assert k["inference/agg/endpoints_reporting"] == n_endpoints - failed, name
+        assert k["inference/agg/engines_reporting"] == sum(RAY_DP) - failed * dp_failed
+        assert k["inference/decode/engines_reporting"] == (
+            sum(d for d, r in zip(RAY_DP, RAY_ROLES, strict=True) if r == "decode")
+            - failed * dp_failed
+        ), name
+        assert (f"inference/{FAILING}.0/num_requests_running" in k) == (not failed)
+        # roles reach the driver: a prefill engine's ~0 generation never pins decode
+        assert k["inference/health/engine_outlier"] == 0.0, name
+
+
+async def _check_window_summary_and_state(
+    fleet: SimFleet, collectors: dict[str, Collector], truth_start: float
+) -> float:
+    """The window, the mid-run summary and a checkpoint of the sharded collectors are one
+    collector's (the shards' per-engine sums plus the driver's polls). Returns the window's
+    true generated tokens."""
+    # windows: the shards' per-engine sums plus the driver's polls give one collector's keys
+    window = {name: await c.window("train").astop() for name, c in collectors.items()}
+    in_window = fleet.truth_total("vllm:generation_tokens_total") - truth_start
+    for name, k in window.items():
+        assert k["inference/train/agg/generation_tokens_total/delta"] == in_window, name
+        assert k["inference/train/polls"] == 3.0 and k["inference/train/failed_scrapes"] == 1
+        assert k["inference/train/coverage"] == 1.0, name  # the failure cost nothing
+    for name in ("shards2", "shards4"):
+        skip = interval_clock_dependent(window["one"])
+        n = _compare(window[name], window["one"], f"window {name}", skip)
+        assert n > 500, n
+    # the run summary mid-run: the shards are asked for their sums (async and sync)
+    mid = {name: await c.asummary() for name, c in collectors.items()}
+    assert mid["one"]["inference_summary/train/agg/generation_tokens_total/delta"] == in_window
+    skip = interval_clock_dependent(mid["one"])
+    for name in ("shards2", "shards4"):
+        assert _compare(mid[name], mid["one"], f"mid-run summary {name}", skip) > 1000
+        assert collectors[name].summary() == mid[name]  # nothing polled in between
+    # checkpoints: a sharded collector's state (shards' sums merged in) resumes anywhere
+    for name, c in collectors.items():
+        resumed = Collector([], interval=5.0)
+        resumed.load_state_dict(c.state_dict())
+        assert resumed.summary() == mid[name], name
+        await resumed.stop()
+    return in_window
 
 
 def test_sharded_collector_follows_fleet_changes(ray_cluster) -> None:

@@ -19,6 +19,8 @@ from fleetscope.exposition.textformat import Labels
 
 _SUFFIXES = ("_bucket", "_count", "_sum", "_created", "_total", "_gcount", "_gsum", "_info")
 CUMULATIVE_KINDS = frozenset({"counter", "bucket", "count", "sum"})
+# the kind of a histogram's or a summary's sample by its suffix (a bucket: histograms only)
+_SUFFIX_KINDS = {"_created": "created", "_sum": "sum", "_count": "count"}
 
 # layouts by shape, shared by all parsers (bounded: a shape not in it only loses sharing);
 # one layout per shape keeps plans, alignments and reductions one matrix operation per shape
@@ -45,16 +47,10 @@ class _HistogramParts(TypedDict, total=False):
     count: int
 
 
-def classify(
-    s: Sample,
-    types: dict[str, str],
-    counter_bases: set[str],
-    identity: tuple[str, ...],
-    keep: tuple[str, ...] | None,
-    escaped: dict[str, str] | None = None,
-) -> SeriesDraft | None:
-    name = s.name
-    typ = types.get(name)
+def _suffixed_family(name: str, typ: str | None, types: dict[str, str]) -> tuple[str, str, str]:
+    """A sample whose name is not a declared family (``x_bucket``, ``x_created``...), or a
+    ``_created`` declared as its own gauge: its family, its suffix ("" for none) and the
+    family's type ("untyped" when no TYPE line declares it)."""
     family, suffix = name, ""
     if typ is None:
         for suf in _SUFFIXES:
@@ -75,26 +71,45 @@ def classify(
             if types.get(cand) in ("counter", "histogram", "summary"):
                 family, suffix, typ = cand, "_created", types[cand]
                 break
+    return family, suffix, typ
+
+
+def _bucket_bound(le_str: str | None, s: Sample) -> float:
+    """A histogram bucket's upper bound (its ``le`` label)."""
+    if le_str is None:
+        raise ExpositionError("histogram bucket without le", s.line, s.name)
+    try:
+        return parse_float(le_str)
+    except ValueError:
+        raise ExpositionError(f"bad le {le_str!r}", s.line, s.name) from None
+
+
+def classify(
+    s: Sample,
+    types: dict[str, str],
+    counter_bases: set[str],
+    identity: tuple[str, ...],
+    keep: tuple[str, ...] | None,
+    escaped: dict[str, str] | None = None,
+) -> SeriesDraft | None:
+    name = s.name
+    typ = types.get(name)
+    family, suffix = name, ""
+    if typ is None or (typ == "gauge" and name.endswith("_created")):
+        family, suffix, typ = _suffixed_family(name, typ, types)
     if typ == "gauge" and name in counter_bases and name.startswith("ray_"):
         return None  # Ray OpenCensus exports counters twice; count the `_total` one only
     labels = dict(s.labels)
-    le_str = labels.pop("le", None) if typ in ("histogram", "gaugehistogram") else None
+    # only a histogram's buckets read `le`: every other type keeps it as a breakdown label
+    le_str = labels.pop("le", None) if typ == "histogram" else None
 
     if typ == "counter":
         base = family[:-6] if family.endswith("_total") else family
         kind = "created" if suffix == "_created" or name.endswith("_created") else "counter"
     elif typ in ("histogram", "summary"):
         base = family
-        if suffix == "_created":
-            kind = "created"
-        elif suffix == "_bucket" and typ == "histogram":
-            kind = "bucket"
-        elif suffix == "_sum":
-            kind = "sum"
-        elif suffix == "_count":
-            kind = "count"
-        else:
-            kind = "gauge"  # summary quantiles
+        is_bucket = suffix == "_bucket" and typ == "histogram"
+        kind = "bucket" if is_bucket else _SUFFIX_KINDS.get(suffix, "gauge")  # gauge: quantiles
     elif typ == "info" or (typ in ("gauge", "untyped") and name.endswith("_info")):
         base = name if typ != "info" else family
         if not base.endswith("_info"):
@@ -102,9 +117,6 @@ def classify(
         kind = "info"
     else:  # gauge, untyped, unknown, stateset, gaugehistogram
         base, kind = name, "gauge"
-        if le_str is not None:
-            labels["le"] = le_str
-            le_str = None
 
     if escaped:
         base = escaped.get(base, base)
@@ -116,14 +128,7 @@ def classify(
     original = base if canon != base else None
     if keep is not None and not canon.startswith(keep):
         return None
-    le = None
-    if kind == "bucket":
-        if le_str is None:
-            raise ExpositionError("histogram bucket without le", s.line, s.name)
-        try:
-            le = parse_float(le_str)
-        except ValueError:
-            raise ExpositionError(f"bad le {le_str!r}", s.line, s.name) from None
+    le = _bucket_bound(le_str, s) if kind == "bucket" else None
     if kind == "info":
         kept: Labels = tuple(sorted((k, v) for k, v in labels.items() if k not in identity))
     else:
@@ -146,6 +151,17 @@ def series_id(d: SeriesDraft) -> str:
     if d.kind == "info":
         return d.family
     return format_series(d.family, d.labels)
+
+
+def _add_histogram_part(part: _HistogramParts, d: SeriesDraft, slot: int) -> None:
+    """A histogram sample's slot: one bucket (with its bound), the sum or the count."""
+    if d.kind == "bucket":
+        assert d.le is not None
+        part["b"].append((d.le, slot))
+    elif d.kind == "sum":
+        part["sum"] = slot
+    else:
+        part["count"] = slot
 
 
 def build_layout(
@@ -200,14 +216,7 @@ def build_layout(
                 model_names.append(labels["model_name"])
             info.setdefault(d.family, labels)
         else:
-            part = hist_parts.setdefault((d.family, d.labels), {"b": []})
-            if d.kind == "bucket":
-                assert d.le is not None
-                part["b"].append((d.le, slot))
-            elif d.kind == "sum":
-                part["sum"] = slot
-            else:
-                part["count"] = slot
+            _add_histogram_part(hist_parts.setdefault((d.family, d.labels), {"b": []}), d, slot)
     counters = [
         CounterSeries(c.name, c.labels, c.slot, created_of.get((c.name, c.labels), -1))
         for c in counters

@@ -64,6 +64,62 @@ def _rank_key(labels: dict[str, str]) -> RankKey:
     )
 
 
+def _parse_lines(
+    lines: list[str],
+    types: dict[str, str],
+    counter_bases: set[str],
+    identity: tuple[str, ...],
+    keep: tuple[str, ...] | None,
+    escaped: dict[str, str] | None,
+) -> dict[int, tuple[Sample, SeriesDraft | None]]:
+    """Every sample line up to ``# EOF`` (or a blank line), parsed and classified."""
+    parsed: dict[int, tuple[Sample, SeriesDraft | None]] = {}
+    for i, line in enumerate(lines, 1):
+        if not line or line[0] == "#":
+            if line.startswith("# EOF") or line == "#EOF":
+                break
+            continue
+        if not line.strip():
+            break  # the main loop reports it
+        s = parse_sample(line, i)
+        parsed[i] = (s, classify(s, types, counter_bases, identity, keep, escaped))
+    return parsed
+
+
+_Mine = list[tuple[int, Sample, SeriesDraft, tuple[str, ...]]]  # (line, sample, draft, server)
+
+
+def _replicas(
+    mine: _Mine,
+) -> tuple[set[tuple[str, ...]], dict[tuple[str, ...], str], set[tuple[tuple[str, ...], str]]]:
+    """Per Ray server (``()`` for a native body): the servers with several DP replicas, the
+    only replica of the others, and the (server, family) pairs of a server with several that
+    belong to its endpoint (radix-cache / storage families with ``dp_rank`` 0 everywhere)."""
+    dp_values: dict[tuple[str, ...], set[str]] = {}  # server -> its DP replicas
+    shared_dp: dict[tuple[tuple[str, ...], str], set[str]] = {}  # (server, family) -> dp_ranks
+    for _i, s, d, server in mine:
+        dp = s.labels.get("dp_rank")
+        if dp is not None and d.family.startswith(_ENGINE_PREFIXES):
+            dp_values.setdefault(server, set()).add(dp)
+        if not SGLANG_SHARED_DP_LABELS.isdisjoint(s.labels):
+            shared_dp.setdefault((server, d.family), set()).add(dp or "")
+    several = {srv for srv, dps in dp_values.items() if len(dps) > 1}
+    only = {srv: next(iter(dps)) for srv, dps in dp_values.items() if len(dps) == 1}
+    endpoint_families = {k for k, dps in shared_dp.items() if k[0] in several and dps <= {"0", ""}}
+    return several, only, endpoint_families
+
+
+def _single_roles(roles_seen: dict[str, set[str]]) -> dict[str, Role]:
+    """An engine's role: its samples' one ``engine_type`` (none when they disagree)."""
+    roles: dict[str, Role] = {}
+    for eng, seen in roles_seen.items():
+        if len(seen) == 1:
+            r = SGLANG_ROLES.get(next(iter(seen)))
+            if r is not None:
+                roles[eng] = r
+    return roles
+
+
 def sglang_pass(
     lines: list[str],
     types: dict[str, str],
@@ -91,33 +147,14 @@ def sglang_pass(
     / ``WorkerId``), and an engine label is the sample's non-empty ``ray`` values and the
     replica joined by "/" (``r1/{worker id}/0``).
     """
-    parsed: dict[int, tuple[Sample, SeriesDraft | None]] = {}
-    for i, line in enumerate(lines, 1):
-        if not line or line[0] == "#":
-            if line.startswith("# EOF") or line == "#EOF":
-                break
-            continue
-        if not line.strip():
-            break  # the main loop reports it
-        s = parse_sample(line, i)
-        parsed[i] = (s, classify(s, types, counter_bases, identity, keep, escaped))
+    parsed = _parse_lines(lines, types, counter_bases, identity, keep, escaped)
     ids = ray or ()
     server_labels = tuple(k for k in ids if k not in _SGLANG_OWN_LABELS)
-    mine: list[tuple[int, Sample, SeriesDraft, tuple[str, ...]]] = []  # (line, s, d, server)
+    mine: _Mine = []
     for i, (s, d) in parsed.items():
         if d is not None and (ray is None or s.name.startswith(RAY_SGLANG)):
             mine.append((i, s, d, tuple(s.labels.get(k, "") for k in server_labels)))
-    dp_values: dict[tuple[str, ...], set[str]] = {}  # server -> its DP replicas
-    shared_dp: dict[tuple[tuple[str, ...], str], set[str]] = {}  # (server, family) -> dp_ranks
-    for _i, s, d, server in mine:
-        dp = s.labels.get("dp_rank")
-        if dp is not None and d.family.startswith(_ENGINE_PREFIXES):
-            dp_values.setdefault(server, set()).add(dp)
-        if not SGLANG_SHARED_DP_LABELS.isdisjoint(s.labels):
-            shared_dp.setdefault((server, d.family), set()).add(dp or "")
-    several = {srv for srv, dps in dp_values.items() if len(dps) > 1}
-    only = {srv: next(iter(dps)) for srv, dps in dp_values.items() if len(dps) == 1}
-    endpoint_families = {k for k, dps in shared_dp.items() if k[0] in several and dps <= {"0", ""}}
+    several, only, endpoint_families = _replicas(mine)
     engine_of_line: dict[int, str] = {}
     # (family, engine, server) -> the lowest rank
     lowest: dict[tuple[str, str, tuple[str, ...]], RankKey] = {}
@@ -145,10 +182,4 @@ def sglang_pass(
         if role is not None and eng:
             roles_seen.setdefault(eng, set()).add(role)
     repeats = {i for i, (fk, rk) in ranked.items() if rk != lowest[fk]}
-    roles: dict[str, Role] = {}
-    for eng, seen in roles_seen.items():
-        if len(seen) == 1:
-            r = SGLANG_ROLES.get(next(iter(seen)))
-            if r is not None:
-                roles[eng] = r
-    return SGLangBody(parsed, engine_of_line, repeats, roles)
+    return SGLangBody(parsed, engine_of_line, repeats, _single_roles(roles_seen))

@@ -27,6 +27,7 @@ from fleetscope.exposition._syntax import (
     Exposition,
     ExpositionError,
     InvalidSeries,
+    Sample,
     parse_sample,
 )
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot, without_groups
@@ -179,13 +180,8 @@ def finish(tpl: Template, arr: np.ndarray, now: float, wall: float) -> Expositio
     return Exposition(engines, endpoint, tpl.types, tuple(invalid), tpl.engine_roles)
 
 
-def build_template(
-    lines: list[str],
-    identity_labels: tuple[str, ...] | None,
-    keep: tuple[str, ...] | None,
-    vllm_identity: tuple[str, ...],
-) -> tuple[Template, np.ndarray]:
-    """The full parser: every line checked. Returns the template and the body's values."""
+def _declared_types(lines: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The body's TYPE lines: family -> type, and the line's head -> type (for the fast path)."""
     types: dict[str, str] = {}
     types_by_head: dict[str, str] = {}
     for i, line in enumerate(lines, 1):
@@ -199,7 +195,19 @@ def build_template(
             types[fam] = typ
             head, _, v = line.rpartition(" ")
             types_by_head[sys.intern(head)] = sys.intern(v)
-    escaped = escaped_names(lines, types)
+    return types, types_by_head
+
+
+def _engines_of_body(
+    lines: list[str],
+    types: dict[str, str],
+    identity_labels: tuple[str, ...] | None,
+    keep: tuple[str, ...] | None,
+    vllm_identity: tuple[str, ...],
+    escaped: dict[str, str] | None,
+) -> tuple[tuple[str, ...], set[str], SGLangBody | None]:
+    """The body's identity labels, its counter families, and its SGLang engines (None: not an
+    SGLang body, native or through Ray)."""
     is_ray = any(name.startswith(p) for name in types for p in RAY_PREFIXES)
     # an SGLang server's own body (docs/sglang.md): engines are DP replicas (`dp_rank`)
     is_sglang = (
@@ -212,7 +220,6 @@ def build_template(
         identity = SGLANG_IDENTITY_LABELS
     else:
         identity = identity_labels or (RAY_IDENTITY_LABELS if is_ray else vllm_identity)
-    primary = identity[-1]
 
     # families of counters, for Ray's OpenCensus "bare DEPRECATED gauge + _total" pairs
     counter_bases = {
@@ -224,6 +231,55 @@ def build_template(
     elif ray_sglang:  # the same rules per Ray server; engines `{Ray ids}/{dp_rank}`
         ray_ids = tuple(k for k in identity if k not in (*vllm_identity, *SGLANG_IDENTITY_LABELS))
         sg = sglang_pass(lines, types, counter_bases, identity, keep, escaped, ray_ids)
+    return identity, counter_bases, sg
+
+
+def _note_comment(line: str, types_by_head: dict[str, str], ordinal: dict[str, int]) -> None:
+    """A comment line's ordinal: a TYPE line (its type checked by the fast path), or skipped."""
+    head, _, v = line.rpartition(" ")
+    head = sys.intern(head)
+    if head in types_by_head and types_by_head[head] == v:
+        ordinal[head] = TYPE_LINE
+    elif head not in ordinal:
+        ordinal[head] = SKIP
+    else:
+        # a comment whose head collides with a sample: cannot use the fast path
+        ordinal[head] = MISS
+
+
+def _engine_key(
+    s: Sample,
+    draft: SeriesDraft,
+    i: int,
+    sg: SGLangBody | None,
+    identity: tuple[str, ...],
+) -> str:
+    """The engine a sample belongs to ("" = the endpoint's)."""
+    if sg is not None and i in sg.engine_of_line:  # every engine sample of a native body
+        return sg.engine_of_line[i]
+    if identity[-1] in s.labels:
+        return "/".join(s.labels[k] for k in identity if s.labels.get(k))
+    if len(identity) > 1 and draft.family.startswith(_ENGINE_PREFIXES):
+        # an engine sample without the primary label but with other identity labels (Ray
+        # Serve replicas without an `engine` tag): one engine per identity, engine "0"
+        ids = [s.labels[k] for k in identity[:-1] if s.labels.get(k)]
+        if ids:
+            return "/".join([*ids, "0"])
+    return ""
+
+
+def build_template(
+    lines: list[str],
+    identity_labels: tuple[str, ...] | None,
+    keep: tuple[str, ...] | None,
+    vllm_identity: tuple[str, ...],
+) -> tuple[Template, np.ndarray]:
+    """The full parser: every line checked. Returns the template and the body's values."""
+    types, types_by_head = _declared_types(lines)
+    escaped = escaped_names(lines, types)
+    identity, counter_bases, sg = _engines_of_body(
+        lines, types, identity_labels, keep, vllm_identity, escaped
+    )
 
     ordinal: dict[str, int] = {}
     n_skip = 0
@@ -236,15 +292,7 @@ def build_template(
         if not line or line[0] == "#":
             if line.startswith("# EOF") or line == "#EOF":
                 eof_seen = True
-            head, _, v = line.rpartition(" ")
-            head = sys.intern(head)
-            if head in types_by_head and types_by_head[head] == v:
-                ordinal[head] = TYPE_LINE
-            elif head not in ordinal:
-                ordinal[head] = SKIP
-            else:
-                # a comment whose head collides with a sample: cannot use the fast path
-                ordinal[head] = MISS
+            _note_comment(line, types_by_head, ordinal)
             n_skip += 1
             continue
         if not line.strip():
@@ -266,17 +314,7 @@ def build_template(
                 ordinal.setdefault(s.head, SKIP)
             n_skip += 1
             continue
-        engine_key = ""
-        if sg is not None and i in sg.engine_of_line:  # every engine sample of a native body
-            engine_key = sg.engine_of_line[i]
-        elif primary in s.labels:
-            engine_key = "/".join(s.labels[k] for k in identity if s.labels.get(k))
-        elif len(identity) > 1 and draft.family.startswith(_ENGINE_PREFIXES):
-            # an engine sample without the primary label but with other identity labels (Ray
-            # Serve replicas without an `engine` tag): one engine per identity, engine "0"
-            ids = [s.labels[k] for k in identity[:-1] if s.labels.get(k)]
-            if ids:
-                engine_key = "/".join([*ids, "0"])
+        engine_key = _engine_key(s, draft, i, sg, identity)
         o = len(samples)
         if s.head is not None and s.head not in ordinal:
             ordinal[s.head] = o

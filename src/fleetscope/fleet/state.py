@@ -25,6 +25,8 @@ from fleetscope.stats.deltas import EngineDelta, alignment
 from fleetscope.util.warn import RateLimitedWarner
 
 if TYPE_CHECKING:
+    from fleetscope.exposition import Exposition
+    from fleetscope.exposition.snapshot import EngineSnapshot
     from fleetscope.health import HealthEvent
     from fleetscope.rl.view import EndpointInfo
 from fleetscope.stats.reduce import (
@@ -161,39 +163,10 @@ class FleetState:
             if sc.exposition is None:
                 continue
             self._note_invalid(sc)
-            labels = list(sc.exposition)
-            if len(labels) > self.max_engines_per_endpoint:
-                self._warner.warn(
-                    f"too-many-engines:{sc.endpoint}",
-                    f"{sc.endpoint} exposes {len(labels)} engines, more than the "
-                    f"{self.max_engines_per_endpoint} allowed per endpoint: the rest are ignored",
-                )
-                labels = sorted(labels)[: self.max_engines_per_endpoint]
-            rows = [
-                (
-                    EngineId(sc.endpoint, label),
-                    sc.exposition[label],
-                    True,
-                    sc.engine_roles.get(label, sc.role),
-                )
-                for label in labels
-            ]
-            if sc.exposition.endpoint is not None:
-                rows.append((EngineId(sc.endpoint), sc.exposition.endpoint, False, sc.role))
-            for eid, snap, is_engine, role in rows:
-                interval = None
+            for eid, snap, is_engine, role in self._engine_rows(sc, sc.exposition):
                 known = eid in self.baselines
                 start = snap.start_time
-                if not known and start is not None:
-                    if self._prev_poll is not None and start > self._prev_poll[1] + self.clock_skew:
-                        # started after the previous poll: everything it counted is new
-                        interval = max(snap.time - self._prev_poll[0], 0.0)
-                    elif (
-                        first_attempt + self.clock_skew < start <= snap.wall_time + self.clock_skew
-                    ):
-                        # started after its endpoint joined (refused until then, as every
-                        # vLLM is for its first 30-50 s): counted from 0, over its own life
-                        interval = max(snap.wall_time - start, 0.0)
+                interval = None if known else self._new_engine_interval(snap, first_attempt)
                 # refused in between and no start-time evidence: a restart could hide
                 unknown = known and sc.refused_since_success and start is None
                 pending.append(Advance(eid, snap, interval, unknown))
@@ -234,6 +207,47 @@ class FleetState:
             self._prev_poll = (max(sc.time for sc in ok), max(sc.wall_time for sc in ok))
             self._bound_engines(max(sc.time for sc in ok))
         return inputs, deltas, restarts
+
+    def _engine_rows(
+        self, sc: ScrapeResult, expo: Exposition
+    ) -> list[tuple[EngineId, EngineSnapshot, bool, Role | None]]:
+        """The scrape's engines (at most ``max_engines_per_endpoint``: the rest are ignored,
+        with a warning) and its endpoint's engine-less row: (id, snapshot, is engine, role)."""
+        labels = list(expo)
+        if len(labels) > self.max_engines_per_endpoint:
+            self._warner.warn(
+                f"too-many-engines:{sc.endpoint}",
+                f"{sc.endpoint} exposes {len(labels)} engines, more than the "
+                f"{self.max_engines_per_endpoint} allowed per endpoint: the rest are ignored",
+            )
+            labels = sorted(labels)[: self.max_engines_per_endpoint]
+        rows = [
+            (
+                EngineId(sc.endpoint, label),
+                expo[label],
+                True,
+                sc.engine_roles.get(label, sc.role),
+            )
+            for label in labels
+        ]
+        if expo.endpoint is not None:
+            rows.append((EngineId(sc.endpoint), expo.endpoint, False, sc.role))
+        return rows
+
+    def _new_engine_interval(self, snap: EngineSnapshot, first_attempt: float) -> float | None:
+        """For an engine never seen before: the seconds it counted in, when its start time
+        proves it started during them (everything it counted is new); None: a baseline."""
+        start = snap.start_time
+        if start is None:
+            return None
+        if self._prev_poll is not None and start > self._prev_poll[1] + self.clock_skew:
+            # started after the previous poll: everything it counted is new
+            return max(snap.time - self._prev_poll[0], 0.0)
+        if first_attempt + self.clock_skew < start <= snap.wall_time + self.clock_skew:
+            # started after its endpoint joined (refused until then, as every
+            # vLLM is for its first 30-50 s): counted from 0, over its own life
+            return max(snap.wall_time - start, 0.0)
+        return None
 
     def _bound_engines(self, now: float) -> None:
         """Evict engines silent for ``evict_after`` seconds, and the least recently seen ones

@@ -139,75 +139,75 @@ class EngineStates:
         ``syncing``: a weight sync was open over this poll's interval (the trainer paused the
         engines on purpose): the ``engine_paused`` streaks restart from 0 instead of growing,
         so they count only pauses with no sync open."""
-        from fleetscope.stats.windows import COMBINED, IDLE
-
         with self._lock:
             if syncing:
                 self._streak.clear()
-            sums: dict[str, list[float]] = {}
-            counts: dict[
-                str, list[int]
-            ] = {}  # scope -> [paused, asleep, paused known, asleep known]
-            last: dict[str, dict[str, Any]] = {}
-            for inp in inputs:
-                if not inp.is_engine:
-                    continue
-                ep = endpoint_of(inp.engine_id)
-                paused = self.paused.get(ep)
-                asleep = asleep_from_gauge(inp.delta.current)
-                if asleep is None:
-                    asleep = self.sleeping.get(ep)
-                info = last.setdefault(ep, {"paused": paused, "engines_asleep": 0, "engines": 0})
-                info["engines"] += 1
-                info["engines_asleep"] += int(bool(asleep))
-                if paused is None and asleep is None:
-                    continue
-                secs = 0.0 if inp.delta.baseline_only else max(0.0, float(inp.delta.seconds))
-                if syncing:
-                    pass  # a sync breaks the row: nothing accrues while one is open
-                elif paused or asleep:
-                    self._streak[inp.engine_id] = self._streak.get(inp.engine_id, 0.0) + secs
-                else:
-                    self._streak.pop(inp.engine_id, None)
-                row = [
-                    secs if paused else 0.0,
-                    secs if asleep else 0.0,
-                    secs if paused is not None else 0.0,
-                    secs if asleep is not None else 0.0,
-                ]
-                for scope in dict.fromkeys(("agg", inp.role or "agg", ep)):
-                    _add(sums, {scope: row})
-                    cnt = counts.setdefault(scope, [0, 0, 0, 0])
-                    cnt[0] += int(bool(paused))
-                    cnt[1] += int(bool(asleep))
-                    cnt[2] += int(paused is not None)
-                    cnt[3] += int(asleep is not None)
-            self.last = last
-            _add(self.run.setdefault(COMBINED, {}), sums)
-            labels = list(active_windows)
-            for label in labels:
-                _add(self._open.setdefault(label, {}), sums)
-            if not labels:
-                _add(self.run.setdefault(IDLE, {}), sums)
-            if boundary:
-                _add(self._held, sums)
+            sums, counts, self.last = self._observe(inputs, syncing)
+            self._attribute(sums, active_windows, boundary)
+            return _poll_keys(prefix, counts, sums, boundary)
+
+    def _observe(
+        self, inputs: Iterable[EngineInput], syncing: bool
+    ) -> tuple[dict[str, list[float]], dict[str, list[int]], dict[str, dict[str, Any]]]:
+        """Every engine's state this poll: per scope, its engine-seconds (see ``_FIELDS``) and
+        counts [paused, asleep, paused known, asleep known]; per endpoint, the last answers.
+        The ``engine_paused`` streaks grow (or end) on the way."""
+        sums: dict[str, list[float]] = {}
+        counts: dict[str, list[int]] = {}  # scope -> [paused, asleep, paused known, asleep known]
+        last: dict[str, dict[str, Any]] = {}
+        for inp in inputs:
+            if not inp.is_engine:
+                continue
+            ep = endpoint_of(inp.engine_id)
+            paused = self.paused.get(ep)
+            asleep = asleep_from_gauge(inp.delta.current)
+            if asleep is None:
+                asleep = self.sleeping.get(ep)
+            info = last.setdefault(ep, {"paused": paused, "engines_asleep": 0, "engines": 0})
+            info["engines"] += 1
+            info["engines_asleep"] += int(bool(asleep))
+            if paused is None and asleep is None:
+                continue
+            secs = 0.0 if inp.delta.baseline_only else max(0.0, float(inp.delta.seconds))
+            if syncing:
+                pass  # a sync breaks the row: nothing accrues while one is open
+            elif paused or asleep:
+                self._streak[inp.engine_id] = self._streak.get(inp.engine_id, 0.0) + secs
             else:
-                _add(sums, self._held)
-                self._held = {}
-            keys: dict[str, float] = {}
-            for scope, (n_paused, n_asleep, k_paused, k_asleep) in counts.items():
-                base = f"{prefix}/{scope}/"
-                if k_paused:
-                    keys[base + "engines_paused"] = float(n_paused)
-                if k_asleep:
-                    keys[base + "engines_asleep"] = float(n_asleep)
-                if not boundary:
-                    s = sums[scope]
-                    if k_paused:
-                        keys[base + "paused_engine_seconds"] = s[0]
-                    if k_asleep:
-                        keys[base + "sleeping_engine_seconds"] = s[1]
-            return keys
+                self._streak.pop(inp.engine_id, None)
+            row = [
+                secs if paused else 0.0,
+                secs if asleep else 0.0,
+                secs if paused is not None else 0.0,
+                secs if asleep is not None else 0.0,
+            ]
+            for scope in dict.fromkeys(("agg", inp.role or "agg", ep)):
+                _add(sums, {scope: row})
+                cnt = counts.setdefault(scope, [0, 0, 0, 0])
+                cnt[0] += int(bool(paused))
+                cnt[1] += int(bool(asleep))
+                cnt[2] += int(paused is not None)
+                cnt[3] += int(asleep is not None)
+        return sums, counts, last
+
+    def _attribute(
+        self, sums: dict[str, list[float]], active_windows: Iterable[str], boundary: bool
+    ) -> None:
+        """A poll's engine-seconds to the run, every open window (``idle`` when none is open);
+        a boundary poll's are held for the next regular row, which takes them into ``sums``."""
+        from fleetscope.stats.windows import COMBINED, IDLE
+
+        _add(self.run.setdefault(COMBINED, {}), sums)
+        labels = list(active_windows)
+        for label in labels:
+            _add(self._open.setdefault(label, {}), sums)
+        if not labels:
+            _add(self.run.setdefault(IDLE, {}), sums)
+        if boundary:
+            _add(self._held, sums)
+        else:
+            _add(sums, self._held)
+            self._held = {}
 
     def events(self, threshold: float) -> list[HealthEvent]:
         """``engine_paused``: an engine paused or asleep ``threshold`` seconds in a row while no
@@ -272,6 +272,30 @@ class EngineStates:
             self.in_use = self.in_use or bool(state.get("in_use", False))
             self.run = load(state.get("run", {}))
             self._open = load(state.get("open", {}))
+
+
+def _poll_keys(
+    prefix: str,
+    counts: Mapping[str, Sequence[int]],
+    sums: Mapping[str, Sequence[float]],
+    boundary: bool,
+) -> dict[str, float]:
+    """A poll's keys per scope: engines paused and asleep (when known), and their
+    engine-seconds (not on a boundary row: those are held for the next regular one)."""
+    keys: dict[str, float] = {}
+    for scope, (n_paused, n_asleep, k_paused, k_asleep) in counts.items():
+        base = f"{prefix}/{scope}/"
+        if k_paused:
+            keys[base + "engines_paused"] = float(n_paused)
+        if k_asleep:
+            keys[base + "engines_asleep"] = float(n_asleep)
+        if not boundary:
+            s = sums[scope]
+            if k_paused:
+                keys[base + "paused_engine_seconds"] = s[0]
+            if k_asleep:
+                keys[base + "sleeping_engine_seconds"] = s[1]
+    return keys
 
 
 def _sum_keys(base: str, sums: Mapping[str, Sequence[float]]) -> dict[str, float]:

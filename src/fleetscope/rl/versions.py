@@ -206,104 +206,147 @@ class PolicyVersions:
         keys (counts of engines, lags) but not the token share: that interval is held and
         shown by the next regular poll, over the whole interval since the previous one (as
         :meth:`fleetscope.fleet.state.FleetState.observe` does for rates)."""
-        from fleetscope.stats.windows import COMBINED, IDLE
-
         with self._lock:
-            engines = [i for i in inputs if i.is_engine]
-            total = known = stale = 0.0
-            n_stale = n_unknown = 0
-            lags: dict[str, int] = {}
-            events: list[HealthEvent] = []
-            pv = PollVersions(lags=lags)
+            pv = PollVersions()
+            sums = _Sums()
             counts: dict[str, list[int]] = {}  # role -> [stale engines, unknown engines]
-            for inp in engines:
-                tokens = generation_delta(inp.delta)
-                total += tokens
-                ep = _endpoint_of(inp.engine_id)
-                role = inp.role
-                rs = None
-                if role is not None:
-                    pv.roles[ep] = role
-                    rs = pv.role_sums.setdefault(role, _Sums())
-                    rs.total += tokens
-                    counts.setdefault(role, [0, 0])
-                if self.current is None:
-                    continue
-                idx = self.served_index(ep)
-                if idx is None:
-                    n_unknown += 1
-                    if role is not None:
-                        counts[role][1] += 1
-                    continue
-                pv.served[ep] = idx
-                known += tokens
-                lag = self.current - idx
-                lags[ep] = lag
-                if rs is not None:
-                    rs.known += tokens
-                if lag > 0:
-                    n_stale += 1
-                    stale += tokens
-                    if rs is not None and role is not None:
-                        rs.stale += tokens
-                        counts[role][0] += 1
-                    since = now - self.announced_at[idx + 1]  # the first newer version
-                    if since >= self.stale_seconds:
-                        events.append(
-                            HealthEvent(
-                                "stale_version",
-                                str(inp.engine_id),
-                                float(lag),
-                                f"{inp.engine_id}: serves {self.announced[idx]!r}, "
-                                f"{lag} version(s) behind the trainer's "
-                                f"{self.announced[self.current]!r} for {since:.0f} s",
-                            )
-                        )
-            sums = _Sums(stale, known, total)
-            self.run.setdefault(COMBINED, _Sums()).merge(sums)
-            self.run_spans.setdefault(COMBINED, LabelSpan()).observe(pv)
-            labels = list(active_windows)
-            for label in labels:
-                self._open.setdefault(label, _Sums()).merge(sums)
-                self._open_spans.setdefault(label, LabelSpan()).observe(pv)
-            if not labels:
-                self.run.setdefault(IDLE, _Sums()).merge(sums)
-                self.run_spans.setdefault(IDLE, LabelSpan()).observe(pv)
-            role_sums = pv.role_sums
-            if boundary:
-                self._held.merge(sums)
-                for name, rsum in role_sums.items():
-                    self._held_roles.setdefault(name, _Sums()).merge(rsum)
-            else:
-                sums.merge(self._held)
-                self._held = _Sums()
-                for name, rsum in self._held_roles.items():
-                    role_sums.setdefault(name, _Sums()).merge(rsum)
-                self._held_roles = {}
+            events: list[HealthEvent] = []
+            n_stale, n_unknown = self._tally(inputs, now, pv, sums, counts, events)
+            self._attribute(sums, pv, active_windows, boundary)
             if self.current is None:
                 return {}, []
-            p = f"{prefix}/{RL}/"
-            keys = {
-                p + "policy_version_index": float(self.current),
-                p + "engines_stale": float(n_stale),
-                p + "engines_unknown_version": float(n_unknown),
-                # an engine ahead of the trainer (after a rollback) is not stale: lag 0 here
-                p + "max_version_lag": float(max((max(0, g) for g in lags.values()), default=0)),
-            }
-            if not boundary:
-                keys.update(_token_keys(p, sums))
-            role_lags = pv.scope_lags()
-            for name, (n_role_stale, n_role_unknown) in counts.items():
-                rp = f"{p}{name}/"
-                keys[rp + "engines_stale"] = float(n_role_stale)
-                keys[rp + "engines_unknown_version"] = float(n_role_unknown)
-                keys[rp + "max_version_lag"] = float(role_lags.get(name, 0))
-                if not boundary and name in role_sums:
-                    keys.update(_token_keys(rp, role_sums[name]))
-            for ep, lag in lags.items():
-                keys[f"{prefix}/{ep}/weight_version_lag"] = float(lag)
-                keys[f"{prefix}/{ep}/weight_version_index"] = float(pv.served[ep])
-            return keys, events
+            return self._poll_keys(prefix, sums, pv, counts, n_stale, n_unknown, boundary), events
+
+    def _tally(
+        self,
+        inputs: Iterable[EngineInput],
+        now: float,
+        pv: PollVersions,
+        sums: _Sums,
+        counts: dict[str, list[int]],
+        events: list[HealthEvent],
+    ) -> tuple[int, int]:
+        """Every engine's generated tokens into ``sums`` (and its role's), its served version
+        and lag into ``pv``, its ``stale_version`` event; returns how many engines are stale
+        and how many of unknown version."""
+        n_stale = n_unknown = 0
+        for inp in [i for i in inputs if i.is_engine]:
+            tokens = generation_delta(inp.delta)
+            sums.total += tokens
+            ep = _endpoint_of(inp.engine_id)
+            role = inp.role
+            rs = None
+            if role is not None:
+                pv.roles[ep] = role
+                rs = pv.role_sums.setdefault(role, _Sums())
+                rs.total += tokens
+                counts.setdefault(role, [0, 0])
+            if self.current is None:
+                continue
+            idx = self.served_index(ep)
+            if idx is None:
+                n_unknown += 1
+                if role is not None:
+                    counts[role][1] += 1
+                continue
+            pv.served[ep] = idx
+            sums.known += tokens
+            lag = self.current - idx
+            pv.lags[ep] = lag
+            if rs is not None:
+                rs.known += tokens
+            if lag > 0:
+                n_stale += 1
+                sums.stale += tokens
+                if rs is not None and role is not None:
+                    rs.stale += tokens
+                    counts[role][0] += 1
+                event = self._stale_version(str(inp.engine_id), idx, lag, now)
+                if event is not None:
+                    events.append(event)
+        return n_stale, n_unknown
+
+    def _stale_version(self, engine: str, idx: int, lag: int, now: float) -> HealthEvent | None:
+        """``stale_version``: the engine serves an older version ``stale_seconds`` after the
+        trainer announced the first newer one."""
+        assert self.current is not None
+        since = now - self.announced_at[idx + 1]  # the first newer version
+        if since >= self.stale_seconds:
+            return HealthEvent(
+                "stale_version",
+                engine,
+                float(lag),
+                f"{engine}: serves {self.announced[idx]!r}, "
+                f"{lag} version(s) behind the trainer's "
+                f"{self.announced[self.current]!r} for {since:.0f} s",
+            )
+        return None
+
+    def _attribute(
+        self, sums: _Sums, pv: PollVersions, active_windows: Iterable[str], boundary: bool
+    ) -> None:
+        """A poll's tokens and versions to the run, every open window (``idle`` when none is
+        open); a boundary poll's tokens are held for the next regular row, which takes them
+        into ``sums`` (and its roles')."""
+        from fleetscope.stats.windows import COMBINED, IDLE
+
+        self.run.setdefault(COMBINED, _Sums()).merge(sums)
+        self.run_spans.setdefault(COMBINED, LabelSpan()).observe(pv)
+        labels = list(active_windows)
+        for label in labels:
+            self._open.setdefault(label, _Sums()).merge(sums)
+            self._open_spans.setdefault(label, LabelSpan()).observe(pv)
+        if not labels:
+            self.run.setdefault(IDLE, _Sums()).merge(sums)
+            self.run_spans.setdefault(IDLE, LabelSpan()).observe(pv)
+        role_sums = pv.role_sums
+        if boundary:
+            self._held.merge(sums)
+            for name, rsum in role_sums.items():
+                self._held_roles.setdefault(name, _Sums()).merge(rsum)
+        else:
+            sums.merge(self._held)
+            self._held = _Sums()
+            for name, rsum in self._held_roles.items():
+                role_sums.setdefault(name, _Sums()).merge(rsum)
+            self._held_roles = {}
+
+    def _poll_keys(
+        self,
+        prefix: str,
+        sums: _Sums,
+        pv: PollVersions,
+        counts: dict[str, list[int]],
+        n_stale: int,
+        n_unknown: int,
+        boundary: bool,
+    ) -> dict[str, float]:
+        """A poll's version keys: the fleet's, each role's, each endpoint's (token shares only
+        on a regular row)."""
+        assert self.current is not None
+        lags = pv.lags
+        p = f"{prefix}/{RL}/"
+        keys = {
+            p + "policy_version_index": float(self.current),
+            p + "engines_stale": float(n_stale),
+            p + "engines_unknown_version": float(n_unknown),
+            # an engine ahead of the trainer (after a rollback) is not stale: lag 0 here
+            p + "max_version_lag": float(max((max(0, g) for g in lags.values()), default=0)),
+        }
+        if not boundary:
+            keys.update(_token_keys(p, sums))
+        role_lags = pv.scope_lags()
+        for name, (n_role_stale, n_role_unknown) in counts.items():
+            rp = f"{p}{name}/"
+            keys[rp + "engines_stale"] = float(n_role_stale)
+            keys[rp + "engines_unknown_version"] = float(n_role_unknown)
+            keys[rp + "max_version_lag"] = float(role_lags.get(name, 0))
+            if not boundary and name in pv.role_sums:
+                keys.update(_token_keys(rp, pv.role_sums[name]))
+        for ep, lag in lags.items():
+            keys[f"{prefix}/{ep}/weight_version_lag"] = float(lag)
+            keys[f"{prefix}/{ep}/weight_version_index"] = float(pv.served[ep])
+        return keys
 
     # ------------------------------------------------------------------ windows
 

@@ -138,6 +138,128 @@ def _observed_after_restart(cur: EngineSnapshot, seconds: float) -> float:
     return float(min(max(cur.wall_time - start, 0.0), seconds))
 
 
+def _carry_forward(
+    cur: EngineSnapshot,
+    seconds: float,
+    pdat: np.ndarray,
+    missing: list[int],
+    carried: Mapping[str, float],
+    carried_time: Mapping[str, float] | None,
+    unknown: np.ndarray | None,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Fill ``pdat``'s ``missing`` slots with the values carried from earlier scrapes; returns
+    the per-slot spans (None: all ``seconds``) and the slots known to be unknown (NaN carried)."""
+    lay = cur.layout
+    span: np.ndarray | None = None
+    for i in missing:
+        sid = lay.slot_ids[i]
+        v = carried.get(sid)
+        if v is None:
+            continue
+        if v != v:  # NaN: existed, value unknown
+            if unknown is None:
+                unknown = np.zeros(len(cur.data), dtype=bool)
+            unknown[i] = True
+            continue
+        pdat[i] = v
+        t = carried_time.get(sid) if carried_time else None
+        if t is not None and cur.time - t != seconds:
+            if span is None:
+                span = np.full(len(cur.data), float(seconds))
+            span[i] = cur.time - t
+    return span, unknown
+
+
+def _realigned_baseline(
+    prev: EngineSnapshot,
+    cur: EngineSnapshot,
+    seconds: float,
+    carried: Mapping[str, float] | None,
+    carried_time: Mapping[str, float] | None,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, tuple[str, ...]]:
+    """The baseline of a layout that changed, in ``cur``'s slots: its values (NaN: none), the
+    per-slot spans, the slots whose baseline is known to be unknown, the series whose type
+    changed."""
+    lay = cur.layout
+    unknown: np.ndarray | None = None
+    type_changed: tuple[str, ...] = ()
+    idx, changed = alignment(prev.layout, lay)
+    pdat = np.where(idx >= 0, prev.data[np.maximum(idx, 0)], np.nan)
+    if changed.any():
+        unknown = changed.copy()
+        type_changed = tuple(lay.slot_ids[i] for i in np.flatnonzero(changed).tolist())
+    span = None
+    if carried:
+        missing = np.flatnonzero((idx < 0) & ~changed).tolist()
+        span, unknown = _carry_forward(cur, seconds, pdat, missing, carried, carried_time, unknown)
+    return pdat, span, unknown, type_changed
+
+
+def _process_restarted(
+    prev: EngineSnapshot, cur: EngineSnapshot, pdat: np.ndarray, d: np.ndarray
+) -> tuple[bool, np.ndarray, np.ndarray]:
+    """Whether the engine's process restarted (its start time or most of its ``_created``
+    moved; without start-time evidence, its counters dropped); the ``_created`` slots that
+    moved, and which cumulative slots dropped."""
+    lay = cur.layout
+    restarted = False
+    if (
+        prev.process_start is not None
+        and cur.process_start is not None
+        and cur.process_start != prev.process_start
+    ):
+        restarted = True
+    created_moved = np.zeros(0, dtype=bool)
+    cs = lay.created_slots
+    if not restarted and len(cs):
+        pc, cc = pdat[cs], cur.data[cs]
+        known = ~np.isnan(pc)
+        created_moved = (cc != pc) & known
+        n_known = int(known.sum())
+        if n_known and created_moved.sum() >= max(1.0, RESTART_SHARE * n_known):
+            restarted = True
+    cum = lay.cumulative
+    dropped = d[cum] < 0  # NaN compares False
+    if not restarted and len(cs) == 0 and prev.process_start is None and dropped.any():
+        restarted = _counters_dropped(lay, pdat, d, dropped)
+    return restarted, created_moved, dropped
+
+
+def _counters_dropped(
+    lay: EngineLayout, pdat: np.ndarray, d: np.ndarray, dropped: np.ndarray
+) -> bool:
+    """No start-time evidence at all (multiprocess / DP bodies): counters must tell."""
+    grown_before = pdat[lay.cumulative] > 0
+    n_ev = int(grown_before.sum())
+    if n_ev and dropped.sum() >= max(1.0, RESTART_SHARE * n_ev):
+        return True
+    core = {c.name for c in lay.counters if c.name in CORE_COUNTERS and d[c.slot] < 0}
+    return len(core) >= 2
+
+
+def _reset_series(
+    lay: EngineLayout,
+    cdat: np.ndarray,
+    out: np.ndarray,
+    dropped: np.ndarray,
+    created_moved: np.ndarray,
+) -> int:
+    """A dropped value or a moved ``_created`` resets its whole group: its delta is its value.
+    Fills ``out``; returns how many groups were reset."""
+    series_reset = 0
+    reset_groups: set[int] = set()
+    if dropped.any():
+        reset_groups.update(int(g) for g in lay.group_of_slot[lay.cumulative[dropped]])
+    if created_moved.any():
+        reset_groups.update(int(g) for g in lay.group_of_slot[lay.created_slots[created_moved]])
+    reset_groups.discard(-1)
+    for g in reset_groups:
+        slots = lay.groups[g]
+        out[slots] = cdat[slots]
+        series_reset += 1
+    return series_reset
+
+
 def engine_delta(
     prev: EngineSnapshot,
     cur: EngineSnapshot,
@@ -163,61 +285,14 @@ def engine_delta(
         pdat = prev.data
         aligned = True
     else:
-        idx, changed = alignment(prev.layout, lay)
-        pdat = np.where(idx >= 0, prev.data[np.maximum(idx, 0)], np.nan)
-        if changed.any():
-            unknown = changed.copy()
-            type_changed = tuple(lay.slot_ids[i] for i in np.flatnonzero(changed).tolist())
-        if carried:
-            for i in np.flatnonzero((idx < 0) & ~changed).tolist():
-                sid = lay.slot_ids[i]
-                v = carried.get(sid)
-                if v is None:
-                    continue
-                if v != v:  # NaN: existed, value unknown
-                    if unknown is None:
-                        unknown = np.zeros(len(cdat), dtype=bool)
-                    unknown[i] = True
-                    continue
-                pdat[i] = v
-                t = carried_time.get(sid) if carried_time else None
-                if t is not None and cur.time - t != seconds:
-                    if span is None:
-                        span = np.full(len(cdat), float(seconds))
-                    span[i] = cur.time - t
+        pdat, span, unknown, type_changed = _realigned_baseline(
+            prev, cur, seconds, carried, carried_time
+        )
         aligned = False
     d = cdat - pdat
 
     # ---- is this a process restart?
-    restarted = False
-    if (
-        prev.process_start is not None
-        and cur.process_start is not None
-        and cur.process_start != prev.process_start
-    ):
-        restarted = True
-    created_moved = np.zeros(0, dtype=bool)
-    cs = lay.created_slots
-    if not restarted and len(cs):
-        pc, cc = pdat[cs], cdat[cs]
-        known = ~np.isnan(pc)
-        created_moved = (cc != pc) & known
-        n_known = int(known.sum())
-        if n_known and created_moved.sum() >= max(1.0, RESTART_SHARE * n_known):
-            restarted = True
-    cum = lay.cumulative
-    dc = d[cum]
-    dropped = dc < 0  # NaN compares False
-    if not restarted and len(cs) == 0 and prev.process_start is None and dropped.any():
-        # no start-time evidence at all (multiprocess / DP bodies): counters must tell
-        grown_before = pdat[cum] > 0
-        n_ev = int(grown_before.sum())
-        if n_ev and dropped.sum() >= max(1.0, RESTART_SHARE * n_ev):
-            restarted = True
-        else:
-            core = {c.name for c in lay.counters if c.name in CORE_COUNTERS and d[c.slot] < 0}
-            restarted = len(core) >= 2
-
+    restarted, created_moved, dropped = _process_restarted(prev, cur, pdat, d)
     if restarted:
         out = _cumulative_values(cur)
         return EngineDelta(
@@ -236,18 +311,9 @@ def engine_delta(
     out[keep] = d[keep]
 
     # ---- series resets: a dropped value or a moved `_created` resets its whole group
-    series_reset = 0
-    reset_groups: set[int] = set()
-    if dropped.any():
-        reset_groups.update(int(g) for g in lay.group_of_slot[cum[dropped]])
-    if created_moved.any():
-        reset_groups.update(int(g) for g in lay.group_of_slot[cs[created_moved]])
-    reset_groups.discard(-1)
-    for g in reset_groups:
-        slots = lay.groups[g]
-        out[slots] = cdat[slots]
-        series_reset += 1
+    series_reset = _reset_series(lay, cdat, out, dropped, created_moved)
     # `_created` slots carry no increase
+    cs = lay.created_slots
     if len(cs):
         out[cs] = np.nan
 

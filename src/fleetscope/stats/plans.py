@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from fleetscope.catalog import (
     DEFAULT_LOGGED_PREFIXES,
     RATIOS,
     VLLM_FAMILY_NAMES,
+    RatioSpec,
     gauge_metric_name,
     kv_capacity_tokens,
     label_suffix,
@@ -185,17 +187,20 @@ def _logged(family: str, prefixes: Sequence[str]) -> bool:
     return family.startswith(tuple(prefixes))
 
 
-def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
-    b = _PlanBuilder()
-    counters_by_family: dict[str, list[CounterSeries]] = {}
-    for c in layout.counters:
-        if _logged(c.name, prefixes):
-            counters_by_family.setdefault(metric_name(c.name, prefixes), []).append(c)
-    gauges_by_family: dict[str, list[GaugeSeries]] = {}
-    for g in layout.gauges:
-        if _logged(g.name, prefixes):
-            gauges_by_family.setdefault(metric_name(g.name, prefixes), []).append(g)
+_S = TypeVar("_S", CounterSeries, GaugeSeries)
 
+
+def _by_family(series: Sequence[_S], prefixes: tuple[str, ...]) -> dict[str, list[_S]]:
+    """Logged counters (or gauges) by their per-engine metric name, in layout order."""
+    out: dict[str, list[_S]] = {}
+    for c in series:
+        if _logged(c.name, prefixes):
+            out.setdefault(metric_name(c.name, prefixes), []).append(c)
+    return out
+
+
+def _plan_gauges(b: _PlanBuilder, gauges_by_family: dict[str, list[GaugeSeries]]) -> None:
+    """Each gauge's value, and its family's total next to its labelled children."""
     for fam, children in gauges_by_family.items():
         named = [(gauge_metric_name(fam, g.labels), g.slot) for g in children]
         if (len(children) > 1 or children[0].labels) and named[0][0].startswith(fam + "{"):
@@ -203,6 +208,9 @@ def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
         for name, slot in named:
             b.value(name, [slot])
 
+
+def _plan_counters(b: _PlanBuilder, counters_by_family: dict[str, list[CounterSeries]]) -> None:
+    """Each counter's total and rate, and its family's next to its labelled children."""
     for fam, members in counters_by_family.items():
         name = fam + "_total"
         if len(members) > 1 or members[0].labels:
@@ -212,6 +220,9 @@ def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
             b.value(name + label_suffix(c.labels), [c.slot], "total")
             b.rate(name + label_suffix(c.labels) + ":rate", [c.slot])
 
+
+def _plan_histograms(b: _PlanBuilder, layout: EngineLayout, prefixes: tuple[str, ...]) -> None:
+    """Each logged histogram's ``_sum``, ``_count``, rate, mean, and buckets (quantiles)."""
     for h in layout.histograms:
         if not _logged(h.name, prefixes):
             continue
@@ -226,34 +237,48 @@ def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
         if h.buckets:
             b.histograms.append(HistogramSpec(name, h.bounds, np.array(h.buckets, dtype=np.intp)))
 
-    for spec in RATIOS:
-        num_fam, num_filter = spec.numerator
-        den_fam, den_filter = spec.denominator
-        nums = counters_by_family.get(num_fam)
-        dens = counters_by_family.get(den_fam)
-        if not nums or not dens:
-            continue
-        den_slots = [c.slot for c in dens if _match(c.labels, den_filter)]
-        if not den_slots:
-            continue
-        if spec.per_label:
-            for c in nums:
-                v = dict(c.labels).get(spec.per_label)
-                if v is not None:
-                    b.ratio(
-                        f"{spec.name}{{{spec.per_label}={v}}}",
-                        [c.slot],
-                        den_slots,
-                        spec.scale,
-                        spec.offset,
-                    )
-            continue
-        num_slots = [c.slot for c in nums if _match(c.labels, num_filter)]
-        for fam in spec.numerator_plus:
-            num_slots += [c.slot for c in counters_by_family.get(fam, ())]
-        if num_slots:
-            b.ratio(spec.name, num_slots, den_slots, spec.scale, spec.offset)
 
+def _plan_ratio(
+    b: _PlanBuilder, spec: RatioSpec, counters_by_family: dict[str, list[CounterSeries]]
+) -> None:
+    """One catalog ratio (docs/rules.md §4), when the layout has its counters."""
+    num_fam, num_filter = spec.numerator
+    den_fam, den_filter = spec.denominator
+    nums = counters_by_family.get(num_fam)
+    dens = counters_by_family.get(den_fam)
+    if not nums or not dens:
+        return
+    den_slots = [c.slot for c in dens if _match(c.labels, den_filter)]
+    if not den_slots:
+        return
+    if spec.per_label:
+        for c in nums:
+            v = dict(c.labels).get(spec.per_label)
+            if v is not None:
+                b.ratio(
+                    f"{spec.name}{{{spec.per_label}={v}}}",
+                    [c.slot],
+                    den_slots,
+                    spec.scale,
+                    spec.offset,
+                )
+        return
+    num_slots = [c.slot for c in nums if _match(c.labels, num_filter)]
+    for fam in spec.numerator_plus:
+        num_slots += [c.slot for c in counters_by_family.get(fam, ())]
+    if num_slots:
+        b.ratio(spec.name, num_slots, den_slots, spec.scale, spec.offset)
+
+
+def _build_plan(layout: EngineLayout, prefixes: tuple[str, ...]) -> Plan:
+    b = _PlanBuilder()
+    counters_by_family = _by_family(layout.counters, prefixes)
+    gauges_by_family = _by_family(layout.gauges, prefixes)
+    _plan_gauges(b, gauges_by_family)
+    _plan_counters(b, counters_by_family)
+    _plan_histograms(b, layout, prefixes)
+    for spec in RATIOS:
+        _plan_ratio(b, spec, counters_by_family)
     capacity = kv_capacity_tokens(layout.info)
     if capacity is not None:
         b.const("kv_cache_capacity_tokens", capacity)

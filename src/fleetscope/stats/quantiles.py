@@ -21,29 +21,20 @@ import numpy as np
 PRECISION_TOLERANCE = 1e-12
 
 
-def bucket_quantile(
-    q: float, bounds: Sequence[float], counts: Sequence[float] | np.ndarray
-) -> float:
-    """The q-quantile of cumulative ``counts`` at upper ``bounds`` (PromQL semantics)."""
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    if not len(bounds):
-        return math.nan
-    pairs = sorted(zip((float(b) for b in bounds), (float(c) for c in counts), strict=True))
-    if not math.isinf(pairs[-1][0]) or pairs[-1][0] < 0:
-        return math.nan
-    # coalesce equal bounds
+def _coalesced(pairs: list[tuple[float, float]]) -> list[list[float]]:
+    """(bound, count) pairs sorted by bound, equal bounds coalesced (their counts summed)."""
     merged: list[list[float]] = []
     for b, c in pairs:
         if merged and merged[-1][0] == b:
             merged[-1][1] += c
         else:
             merged.append([b, c])
-    # correct float precision errors
+    return merged
+
+
+def _correct_counts(merged: list[list[float]]) -> None:
+    """Float precision errors (relative ``PRECISION_TOLERANCE``) corrected, then the counts
+    forced monotonic, in place."""
     prev = merged[0][1]
     for i in range(1, len(merged)):
         curr = merged[i][1]
@@ -55,19 +46,17 @@ def bucket_quantile(
             merged[i][1] = prev
         else:
             prev = curr
-    # force monotonicity
     top = merged[0][1]
     for i in range(1, len(merged)):
         if merged[i][1] > top:
             top = merged[i][1]
         elif merged[i][1] < top:
             merged[i][1] = top
-    if len(merged) < 2:
-        return math.nan
-    observations = merged[-1][1]
-    if observations == 0 or math.isnan(observations):
-        return math.nan
-    rank = q * observations
+
+
+def _interpolated(merged: list[list[float]], rank: float) -> float:
+    """The value at ``rank``: linear within its bucket (lower edge 0 for the lowest bucket
+    when its bound is positive), the highest finite bound when it falls in ``+Inf``."""
     n = len(merged) - 1
     b = n
     for i in range(n):  # first bucket (excluding +Inf) whose count reaches the rank
@@ -88,6 +77,31 @@ def bucket_quantile(
     if count == 0:
         return math.nan if rank == 0 else math.copysign(math.inf, rank) * (end - start)
     return start + (end - start) * (rank / count)
+
+
+def bucket_quantile(
+    q: float, bounds: Sequence[float], counts: Sequence[float] | np.ndarray
+) -> float:
+    """The q-quantile of cumulative ``counts`` at upper ``bounds`` (PromQL semantics)."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    if not len(bounds):
+        return math.nan
+    pairs = sorted(zip((float(b) for b in bounds), (float(c) for c in counts), strict=True))
+    if not math.isinf(pairs[-1][0]) or pairs[-1][0] < 0:
+        return math.nan
+    merged = _coalesced(pairs)
+    _correct_counts(merged)
+    if len(merged) < 2:
+        return math.nan
+    observations = merged[-1][1]
+    if observations == 0 or math.isnan(observations):
+        return math.nan
+    return _interpolated(merged, q * observations)
 
 
 def shared_bounds(layouts: Iterable[Sequence[float]]) -> tuple[float, ...]:

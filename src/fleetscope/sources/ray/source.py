@@ -74,6 +74,39 @@ log = logging.getLogger("fleetscope")
 NO_VLLM_WARN_AFTER = 3
 
 
+_Key = tuple[str, str, str]  # ("w", worker id, engine) | ("r", replica id, engine) | ("m", ...)
+_Piece = tuple[AgentEngine, EngineSnapshot]
+
+
+def _grouped(
+    expo: Exposition, ident: RayIdentity
+) -> tuple[
+    dict[_Key, list[_Piece]],
+    dict[tuple[str, str, str], set[_Key]],
+    dict[tuple[str, str], set[_Key]],
+    list[_Piece],
+]:
+    """The agent's engine pieces by WorkerId engine, that engine's keys by (replica, model,
+    engine) and by (replica, engine), and the pieces without a WorkerId."""
+    groups: dict[_Key, list[_Piece]] = {}
+    by_tags: dict[tuple[str, str, str], set[_Key]] = {}  # (replica, model, engine)
+    by_engine: dict[tuple[str, str], set[_Key]] = {}  # (replica, engine)
+    loose: list[_Piece] = []
+    for label, snap in expo.items():
+        if not is_engine(snap.layout):
+            continue
+        e = decode_label(label, ident)
+        if not e.worker_id:
+            loose.append((e, snap))
+            continue
+        key = ("w", e.worker_id, e.engine)
+        groups.setdefault(key, []).append((e, snap))
+        by_engine.setdefault((e.replica_id, e.engine), set()).add(key)
+        if e.model_name:
+            by_tags.setdefault((e.replica_id, e.model_name, e.engine), set()).add(key)
+    return groups, by_tags, by_engine, loose
+
+
 class RaySource:
     """Scrapes every node's metrics agent and keeps only the run's own engines.
 
@@ -297,30 +330,47 @@ class RaySource:
 
     def _filter(self, expo: Exposition, seen: set[str]) -> tuple[Exposition, dict[str, Role], int]:
         ident = self.identity or RayIdentity()
-        body_roles = expo.engine_roles  # SGLang's `engine_type`; the identity's roles win
-        Key = tuple[str, str, str]
-        groups: dict[Key, list[tuple[AgentEngine, EngineSnapshot]]] = {}
-        by_tags: dict[tuple[str, str, str], set[Key]] = {}  # (replica, model, engine)
-        by_engine: dict[tuple[str, str], set[Key]] = {}  # (replica, engine)
-        loose: list[tuple[AgentEngine, EngineSnapshot]] = []
-        for label, snap in expo.items():
-            if not is_engine(snap.layout):
-                continue
-            e = decode_label(label, ident)
-            if not e.worker_id:
-                loose.append((e, snap))
-                continue
-            key = ("w", e.worker_id, e.engine)
-            groups.setdefault(key, []).append((e, snap))
-            by_engine.setdefault((e.replica_id, e.engine), set()).add(key)
-            if e.model_name:
-                by_tags.setdefault((e.replica_id, e.model_name, e.engine), set()).add(key)
+        groups, by_tags, by_engine, loose = _grouped(expo, ident)
         own = {k for k, pieces in groups.items() if any(owner_of(e, ident) for e, _ in pieces)}
-        # pieces without WorkerId (OpenCensus backend, default cardinality): joined to the one
-        # engine with the same tags; Ray sums same-tag series of several workers, so with two
-        # or more such engines the piece stands alone (own only by replica id or model name)
+        shadows = self._join_loose(loose, groups, by_tags, by_engine, own, ident)
+        # a piece that several WorkerId engines explain is their sum, not one more engine
+        foreign = sum(
+            1
+            for k, ps in groups.items()
+            if k not in own and k not in shadows and any(has_series(s.layout) for _, s in ps)
+        )
+        mine = {k: groups[k] for k in groups if k in own}
+        labels = stable_labels(mine)
+        body_roles = expo.engine_roles  # SGLang's `engine_type`; the identity's roles win
+        kept: dict[str, EngineSnapshot] = {}
+        roles: dict[str, Role] = {}
+        for key, pieces in mine.items():
+            label = labels[key]
+            kept[label] = self._engine_snapshot(key, pieces, label)
+            values = [v for e, _ in pieces for v in (e.worker_id, e.replica_id, e.model_name) if v]
+            seen.update(v for e, _ in pieces for v in (e.worker_id, e.replica_id) if v)
+            role = next((ident.roles[v] for v in values if v in ident.roles), None)
+            role = role or next((r for _, s in pieces if (r := body_roles.get(s.engine))), None)
+            if role:
+                roles[label] = role
+        return Exposition(kept, None, expo.types), roles, foreign
+
+    def _join_loose(
+        self,
+        loose: list[_Piece],
+        groups: dict[_Key, list[_Piece]],
+        by_tags: dict[tuple[str, str, str], set[_Key]],
+        by_engine: dict[tuple[str, str], set[_Key]],
+        own: set[_Key],
+        ident: RayIdentity,
+    ) -> set[_Key]:
+        """Pieces without WorkerId (OpenCensus backend, default cardinality): joined to the one
+        engine with the same tags; Ray sums same-tag series of several workers, so with two or
+        more such engines the piece stands alone (own only by replica id or model name).
+        Updates ``groups`` and ``own``; returns the pieces summed over engines counted already
+        (not engines). Warns about pieces it cannot attribute."""
         ambiguous = unmatched = 0
-        shadows: set[Key] = set()  # pieces summed over engines counted already (not engines)
+        shadows: set[_Key] = set()
         for e, snap in loose:
             cands = by_tags.get((e.replica_id, e.model_name, e.engine), set())
             if not cands and not e.model_name:  # cache_config_info carries no model_name
@@ -351,43 +401,28 @@ class RaySource:
                 "(OpenCensus backend, default cardinality) and match no engine by tags: give "
                 "RayIdentity.model_names too, or set RAY_metric_cardinality_level=legacy",
             )
+        return shadows
 
-        # a piece that several WorkerId engines explain is their sum, not one more engine
-        foreign = sum(
-            1
-            for k, ps in groups.items()
-            if k not in own and k not in shadows and any(has_series(s.layout) for _, s in ps)
-        )
-        mine = {k: groups[k] for k in groups if k in own}
-        labels = stable_labels(mine)
-        kept: dict[str, EngineSnapshot] = {}
-        roles: dict[str, Role] = {}
-        for key, pieces in mine.items():
-            label = labels[key]
-            snap = self._merge([s for _, s in pieces], label)
-            wid = key[1] if key[0] == "w" else None
-            if wid:
-                self._label_wid[label] = wid
-            if wid in self._fresh:  # a new process: it started after the previous poll
-                if self._fresh[wid] is None:
-                    self._fresh[wid] = snap.wall_time
-                snap = EngineSnapshot(
-                    label,
-                    snap.layout,
-                    snap.data,
-                    snap.time,
-                    snap.wall_time,
-                    self._fresh[wid],
-                    snap.invalid,
-                )
-            kept[label] = snap
-            values = [v for e, _ in pieces for v in (e.worker_id, e.replica_id, e.model_name) if v]
-            seen.update(v for e, _ in pieces for v in (e.worker_id, e.replica_id) if v)
-            role = next((ident.roles[v] for v in values if v in ident.roles), None)
-            role = role or next((r for _, s in pieces if (r := body_roles.get(s.engine))), None)
-            if role:
-                roles[label] = role
-        return Exposition(kept, None, expo.types), roles, foreign
+    def _engine_snapshot(self, key: _Key, pieces: list[_Piece], label: str) -> EngineSnapshot:
+        """One kept engine's snapshot from its pieces; a process that started after the
+        previous poll takes its first sighting as its start time."""
+        snap = self._merge([s for _, s in pieces], label)
+        wid = key[1] if key[0] == "w" else None
+        if wid:
+            self._label_wid[label] = wid
+        if wid in self._fresh:  # a new process: it started after the previous poll
+            if self._fresh[wid] is None:
+                self._fresh[wid] = snap.wall_time
+            snap = EngineSnapshot(
+                label,
+                snap.layout,
+                snap.data,
+                snap.time,
+                snap.wall_time,
+                self._fresh[wid],
+                snap.invalid,
+            )
+        return snap
 
     def _merge(self, pieces: list[EngineSnapshot], label: str) -> EngineSnapshot:
         """One snapshot from an engine's pieces; the agent's process start is dropped."""
