@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
-from conftest import VLLM_DIR, bucket_values, fixture_text, promql_bucket_quantile, sample_value
 from fleetscope import cli
+from support.bodies import bucket_values, sample_value
+from support.paths import VLLM_DIR, fixture_text
+from support.promql import promql_bucket_quantile
 
 LOAD_PATH = VLLM_DIR / "single_load.prom"
 AFTER_PATH = VLLM_DIR / "single_after.prom"

@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import ROOT, VLLM_DIR
 from fleetscope_sim import FleetServer, SimFleet
+from support.paths import ROOT, VLLM_DIR
 
 ROOT = ROOT
 README = ROOT / "README.md"

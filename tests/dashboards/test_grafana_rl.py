@@ -22,13 +22,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from test_grafana import OTHER_ROWS, row_exprs
 
-from conftest import DATA
 from fleetscope.dashboards.grafana import (
     build_dashboard,
     promql_expressions,
     substitute_variables,
     variable_queries,
 )
+from support.paths import DATA
 from support.prom import PrometheusServer
 
 RATE = "5s"

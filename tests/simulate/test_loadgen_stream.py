@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from conftest import ROOT
+from support.paths import ROOT
 
 SCRIPTS = ROOT / "scripts" / "real_vllm"
 

@@ -19,11 +19,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import fixture_text, sample_value, set_values
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.fleet.view import counter_increase
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
+from support.bodies import sample_value, set_values
+from support.paths import fixture_text
 
 LOAD = fixture_text("single_load.prom")
 AFTER = fixture_text("single_after.prom")

@@ -8,9 +8,9 @@ import json
 
 import numpy as np
 
-from conftest import fixture_text
 from fleetscope.exposition import Parser
 from fleetscope.stats.persist import _array, _floats, layout_from_data, layout_to_data
+from support.paths import fixture_text
 
 
 def test_float_arrays_round_trip_exactly_through_strict_json() -> None:
