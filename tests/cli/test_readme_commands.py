@@ -115,9 +115,15 @@ class Proc:
         return rc
 
     def kill(self) -> None:
+        """Kill it if still running; close its pipes once their readers are done."""
         if self.p.poll() is None:
             self.p.kill()
             self.p.wait(30)
+        for t in self._threads:
+            t.join(5)
+        for stream in (self.p.stdout, self.p.stderr):
+            if stream is not None:
+                stream.close()
 
 
 @pytest.fixture
