@@ -128,7 +128,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def _marks(block: str) -> list[pytest.MarkDecorator]:
-    return [pytest.mark.slow] if _RAY_MARK in block else []  # starts a Ray cluster
+    slow = _RAY_MARK in block or "WandbSink" in block  # a Ray cluster, a W&B service
+    return [pytest.mark.slow] if slow else []
 
 
 @pytest.mark.parametrize(
