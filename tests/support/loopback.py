@@ -2,7 +2,8 @@
 
 :class:`LoopbackServer` listens on ``127.0.0.1`` on a port the OS picks, in a thread, and answers
 each path from ``routes``: a body (``bytes``/``str``), a :class:`Reply`, or a handler called with
-the :class:`Request` that returns either (or ``None`` for a 404). Unknown paths answer 404.
+the :class:`Request` that returns either (or ``None`` for a 404). Other paths get ``default``
+(404 without one). Any method is answered the same way.
 ``routes`` may be changed at any time (``server.routes["/metrics"] = body``).
 
 The faults tests need are fields of :class:`Reply`: any ``status``, a ``delay`` before the
@@ -33,7 +34,7 @@ class Request:
     method: str
     path: str  # without the query
     query: str
-    headers: dict[str, str]  # names lowercased
+    headers: dict[str, str]  # as sent
     body: bytes
 
 
@@ -77,9 +78,7 @@ class _Handler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        request = Request(
-            self.command, path, query, {k.lower(): v for k, v in self.headers.items()}, body
-        )
+        request = Request(self.command, path, query, dict(self.headers.items()), body)
         if owner.record:
             with owner._lock:
                 owner.requests.append(request)
@@ -134,8 +133,10 @@ class LoopbackServer:
         *,
         protocol: str = "HTTP/1.0",
         record: bool = False,
+        default: Route | None = None,
     ) -> None:
         self.routes: dict[str, Route] = dict(routes or {})
+        self.default = default  # the route of the paths not in ``routes`` (None: 404)
         self.record = record
         self.requests: list[Request] = []
         self.connections = 0
@@ -158,7 +159,7 @@ class LoopbackServer:
             self.connections += 1
 
     def _answer(self, request: Request) -> Reply:
-        route = self.routes.get(request.path)
+        route = self.routes.get(request.path, self.default)
         answer: Answer = route(request) if callable(route) else route
         if answer is None:
             return Reply(status=404)
