@@ -1,6 +1,6 @@
 """Histogram quantiles (docs/rules.md §3.5) against an independent transcription of PromQL's rules.
 
-``promql_bucket_quantile`` (tests/support/promql.py) is the reference; ``bucket_quantile`` must agree
+``promql_bucket_quantile`` (support/promql.py) is the reference; ``bucket_quantile`` must agree
 with it on random bucket sets (unsorted, duplicated bounds, float noise, non-monotonic counts)
 and on every edge case by name. Pooling across engines uses the intersection of bounds.
 """

@@ -206,6 +206,7 @@ class ChildLink(Members):
                     pending, self._pending = self._pending, {}
                 else:
                     pending = {}
+            code: int | None
             try:  # its connection is closed: it has exited or is exiting; collect its status
                 code = child.proc.wait(5)
             except subprocess.TimeoutExpired:
