@@ -24,6 +24,12 @@ test: test-deps
 typecheck-rest:
 	$(PYTHON) -m mypy tests benchmarks
 
+# The fast tier, under 3 minutes on 2 cores: every test not marked slow (what is slow, and why:
+# SLOW_TESTS in tests/conftest.py). `make test` runs everything.
+.PHONY: test-fast
+test-fast:
+	$(PYTHON) -m pytest -q -m "not slow"
+
 # fleetscope against real vLLM servers (CPU build, cached venv in ~/.cache/fleetscope/vllm-venv): a single
 # engine and a data-parallel-2 server, a mixed load, Prometheus as the oracle (tests/real/).
 # SAVE_BODIES=1 writes the scraped bodies to tests/data/real-vllm/ (versioned test data).

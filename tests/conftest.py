@@ -1,202 +1,21 @@
-"""Shared test helpers: where the real captures live, body editing, reference implementations.
-
-The captures in ``tests/data/fixtures`` are never edited; tests that need a different state edit the
-text in memory with :func:`set_values` / :func:`drop_lines`.
-
-``promql_bucket_quantile`` is an independent, straight transcription of PromQL's classic
-``histogram_quantile`` rules (``bucketQuantile`` in ``promql/quantile.go``), written without
-looking at fleetscope's implementation, so the two can be compared.
-"""
+"""Fixtures and hooks shared by every test folder. Helpers live in :mod:`support`
+(``tests/support``: paths, body editing, the PromQL reference, loopback servers, ...)."""
 
 from __future__ import annotations
 
-import bisect
-import itertools
-import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent  # the repository
-DATA = TESTS / "data"  # every test's data, versioned with the tests (provenance in READMEs)
-# real vLLM 0.32 and Ray 2.60 captures
-FIXTURES = DATA / "fixtures"
-
-# a simulated KV cache small enough to fill up (256 blocks of 16 tokens) with long outputs: KV
-# pressure, and preemptions by the dozen every few seconds
-KV_PRESSURE_LOAD = dict(
-    arrival_rate=6.0,
-    num_gpu_blocks=256,
-    prompt_tokens_median=32.0,
-    output_tokens_median=200.0,
-    output_tokens_sigma=0.1,
-    max_tokens_choices=(480,),
-)
-VLLM_DIR = FIXTURES / "vllm-0.32.0-cpu"
-RAY_DIR = FIXTURES / "ray-2.60-vllm-0.32"
-ALL_FIXTURES = sorted([*VLLM_DIR.glob("*.prom"), *RAY_DIR.glob("*.prom")])
-
-
-def fixture_text(name: str) -> str:
-    """A capture's body by file name (searched in both fixture folders)."""
-    for d in (VLLM_DIR, RAY_DIR):
-        p = d / name
-        if p.exists():
-            return p.read_text(encoding="utf-8")
-    raise FileNotFoundError(name)
+from support.paths import FIXTURES, ROOT
 
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     assert FIXTURES.is_dir(), f"fixtures not found at {FIXTURES}"
     return FIXTURES
-
-
-# --------------------------------------------------------------------------- body editing
-
-
-def _split_sample(line: str) -> tuple[str, str]:
-    head, _, value = line.rpartition(" ")
-    return head, value
-
-
-def set_values(body: str, pattern: str, fn: Callable[[float], float] | float) -> str:
-    """Replace the value of every sample line whose text before the value matches ``pattern``
-    (a regex searched in the line head). ``fn`` maps the old value to the new one."""
-    rx = re.compile(pattern)
-    out = []
-    hits = 0
-    for line in body.split("\n"):
-        if line and not line.startswith("#"):
-            head, value = _split_sample(line)
-            if rx.search(head):
-                new = fn(float(value)) if callable(fn) else fn
-                line = f"{head} {new!r}" if not isinstance(new, str) else f"{head} {new}"
-                hits += 1
-        out.append(line)
-    assert hits, f"no sample line matches {pattern!r}"
-    return "\n".join(out)
-
-
-def drop_lines(body: str, pattern: str) -> str:
-    """Remove every sample line whose head matches ``pattern``."""
-    rx = re.compile(pattern)
-    out = []
-    hits = 0
-    for line in body.split("\n"):
-        if line and not line.startswith("#") and rx.search(_split_sample(line)[0]):
-            hits += 1
-            continue
-        out.append(line)
-    assert hits, f"no sample line matches {pattern!r}"
-    return "\n".join(out)
-
-
-def sample_values(body: str, pattern: str) -> list[float]:
-    """Values of the sample lines whose head matches ``pattern``, in body order."""
-    rx = re.compile(pattern)
-    vals = []
-    for line in body.split("\n"):
-        if line and not line.startswith("#"):
-            head, value = _split_sample(line)
-            if rx.search(head):
-                vals.append(float(value))
-    return vals
-
-
-def sample_value(body: str, pattern: str) -> float:
-    vals = sample_values(body, pattern)
-    assert len(vals) == 1, (pattern, vals)
-    return vals[0]
-
-
-_LE_RE = re.compile(r'le="([^"]*)"')
-
-
-def bucket_values(body: str, family: str, extra: str = "") -> list[tuple[float, float]]:
-    """[(le, cumulative count)] of one histogram child, read straight from the text."""
-    out = []
-    for line in body.split("\n"):
-        if line.startswith(family + "_bucket{") and extra in line:
-            head, value = _split_sample(line)
-            m = _LE_RE.search(head)
-            assert m
-            out.append((float(m.group(1)), float(value)))
-    assert out, family
-    return out
-
-
-# --------------------------------------------------------------------------- PromQL reference
-
-
-def _go_div(a: float, b: float) -> float:
-    """IEEE division as Go does it (no ZeroDivisionError)."""
-    if b == 0:
-        if a == 0 or math.isnan(a):
-            return math.nan
-        return math.copysign(math.inf, a) * math.copysign(1.0, b)
-    return a / b
-
-
-def promql_bucket_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float:
-    """PromQL ``histogram_quantile`` over classic buckets ``[(le, cumulative count)]``.
-
-    The rules, in Prometheus' order:
-    q NaN -> NaN, q < 0 -> -Inf, q > 1 -> +Inf; sort by bound; the highest bound must be +Inf
-    (else NaN); merge equal bounds by adding their counts; ignore float precision errors
-    (a count within a relative 1e-12 of the last kept count takes that count); force a
-    monotonic envelope (running maximum); fewer than 2 buckets or 0 observations -> NaN;
-    rank = q * observations; the first finite bucket whose count reaches the rank holds it;
-    a rank in +Inf -> the highest finite bound; the lowest bucket interpolates from 0 when its
-    bound is positive (else its bound is the answer); linear interpolation inside the bucket.
-    """
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    ordered = sorted(buckets, key=lambda bc: bc[0])
-    if not ordered or ordered[-1][0] != math.inf:
-        return math.nan
-    bounds: list[float] = []
-    counts: list[float] = []
-    for le, group in itertools.groupby(ordered, key=lambda bc: bc[0]):
-        bounds.append(le)
-        total = 0.0
-        for _, c in group:
-            total += c
-        counts.append(total)
-    kept = counts[0]
-    for i in range(1, len(counts)):
-        c = counts[i]
-        diff = abs(c - kept)
-        if diff == 0:
-            continue
-        if _go_div(diff, c) <= 1e-12:
-            counts[i] = kept
-        else:
-            kept = c
-    counts = list(itertools.accumulate(counts, max))
-    if len(counts) < 2:
-        return math.nan
-    observations = counts[-1]
-    if observations == 0:
-        return math.nan
-    rank = q * observations
-    last = len(counts) - 1
-    b = bisect.bisect_left(counts, rank, 0, last)  # first finite bucket with count >= rank
-    if b == last:
-        return bounds[last - 1]
-    if b == 0 and bounds[0] <= 0:
-        return bounds[0]
-    lo = 0.0 if b == 0 else bounds[b - 1]
-    below = 0.0 if b == 0 else counts[b - 1]
-    return lo + (bounds[b] - lo) * _go_div(rank - below, counts[b] - below)
 
 
 # ``isolation``: run a test module in both collector modes, in-process and with the work in a
@@ -216,13 +35,100 @@ def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     return str(request.param)
 
 
+# --------------------------------------------------------------------------- the fast tier
+
+# `make test-fast` runs `pytest -m "not slow"`; `make test` runs everything. Slow are: modules
+# and tests marked in their file (`pytestmark = pytest.mark.slow`), every `[process]` variant of
+# the `isolation` fixture (a child process per collector), and the tests below ("file" or
+# "file::test", every parameter of it): each takes about 1.5 s or more on a 2-core machine (real
+# Prometheus, Ray, W&B, tmux or CLI processes, long scenarios), or shares a module fixture that
+# does. An entry that matches nothing in a collected file fails the collection.
+SLOW_TESTS = (
+    "tests/cli/test_cli_watch.py::test_stop_on_signals_asyncio_mode_stops_a_real_collector",
+    "tests/cli/test_cli_watch.py::test_watch_stops_cleanly_on_signal",
+    "tests/cli/test_demo_wandb.py",
+    "tests/cli/test_policy_version_file.py",
+    "tests/cli/test_readme_commands.py",
+    "tests/collector/test_architecture.py::test_sharded_shards_receive_every_option",
+    "tests/collector/test_fleet_changes.py::test_watch_follows_an_endpoints_file",
+    "tests/collector/test_health.py::test_condition_names_the_sick_engine_and_only_it",
+    "tests/collector/test_health.py::test_healthy_fleet_reports_nothing",
+    "tests/collector/test_health.py::test_stall_needs_stall_seconds_of_real_time",
+    "tests/collector/test_isolation.py",
+    "tests/collector/test_rl_lifecycle.py::test_a_slow_weight_info_never_lengthens_the_poll",
+    "tests/collector/test_rl_lifecycle.py::test_an_engine_that_misses_a_version_is_stale",
+    "tests/collector/test_rl_lifecycle.py::"
+    "test_endpoints_without_weight_info_are_unknown_and_not_asked_again",
+    "tests/collector/test_rl_lifecycle.py::test_weight_sync_during_an_open_window_is_exact",
+    "tests/collector/test_rl_states.py::"
+    "test_paused_and_sleeping_seconds_per_endpoint_role_fleet_window_and_run",
+    "tests/collector/test_soak.py",
+    "tests/collector/test_trainer_safety.py::test_a_blocked_sink_never_stops_polling_nor_a_window",
+    "tests/collector/test_trainer_safety.py::test_churning_engine_labels_stay_bounded",
+    "tests/collector/test_trainer_safety.py::test_overload_is_counted_and_warned",
+    "tests/collector/test_trainer_safety.py::test_trickling_side_requests_never_slow_a_poll",
+    "tests/dashboards/test_grafana.py::test_every_default_expression_runs_and_returns_data",
+    "tests/dashboards/test_grafana.py::test_exact_prefix_dashboards",
+    "tests/dashboards/test_grafana.py::test_names_as_stored",
+    "tests/dashboards/test_grafana.py::test_role_awareness",
+    "tests/dashboards/test_grafana.py::test_variable_queries_list_jobs_and_roles",
+    "tests/dashboards/test_grafana_rl.py",
+    "tests/dashboards/test_wandb_workspace.py::test_every_panel_key_is_emitted",
+    "tests/dashboards/test_wandb_workspace.py::test_scenarios_emit_what_the_check_needs",
+    "tests/simulate/test_prom_support.py",
+    "tests/simulate/test_simulate.py::test_http_scrapes_consistent_while_stepping",
+    "tests/simulate/test_simulate.py::test_server_with_256_endpoints_and_auto_stepping",
+    "tests/sinks/test_sinks_jsonl_wandb.py::test_wandb_alerts_for_health_events",
+    "tests/sinks/test_sinks_jsonl_wandb.py::"
+    "test_wandb_offline_run_reads_back_equal_to_input_and_jsonl",
+    "tests/sinks/test_sinks_jsonl_wandb.py::test_wandb_trainer_owned_run",
+    "tests/sinks/test_sinks_tb_mlflow.py::test_mlflow_batches",
+    "tests/sinks/test_sinks_tb_mlflow.py::test_mlflow_histories",
+    "tests/sinks/test_sinks_tb_mlflow.py::test_mlflow_latest_values_and_summary",
+    "tests/sinks/test_sinks_tb_mlflow.py::test_scenario_is_big_enough",
+    "tests/sinks/test_sinks_tb_mlflow.py::test_tensorboard_reads_back_every_poll",
+    "tests/sinks/test_sinks_tb_mlflow.py::test_tensorboard_summary",
+    "tests/sinks/test_terminal_tmux.py",
+    "tests/sinks/test_wandb_key_sets.py",
+    "tests/sinks/test_wandb_trainer_run.py",
+    "tests/sources/test_prometheus_source.py::"
+    "test_openmetrics_underscore_names_map_back_and_new_families_are_typed",
+    "tests/sources/test_prometheus_source.py::test_prometheus_source_matches_direct_scraping",
+    "tests/sources/test_ray.py",
+    "tests/sources/test_sharded.py::test_sharded_collector_follows_fleet_changes",
+    "tests/sources/test_sharded.py::test_sharded_collector_matches_one_collector",
+    "tests/sources/test_sharded.py::test_sharded_collector_reports_the_same_rl_figures",
+    "tests/stats/test_groups.py::test_many_user_scopes_stay_within_the_key_budget",
+    "tests/stats/test_keys_budget_and_sets.py::"
+    "test_over_the_budget_every_engines_headlines_then_tails",
+)
+
+
+def _slow_entry(item: pytest.Item) -> tuple[str, str]:
+    path = item.path.relative_to(ROOT).as_posix()
+    return path, f"{path}::{item.nodeid.partition('::')[2].split('[')[0]}"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``inline_only`` tests read in-process internals: no ``[process]`` variant of them."""
+    """``inline_only`` tests read in-process internals: no ``[process]`` variant of them.
+    Slow tests get the ``slow`` marker (above)."""
     keep = []
+    used: set[str] = set()
+    files: set[str] = set()
+    slow = set(SLOW_TESTS)
     for item in items:
         params = getattr(item, "callspec", None)
         mode = params.params.get("isolation") if params is not None else None
         if mode == "process" and item.get_closest_marker("inline_only") is not None:
             continue
+        path, test = _slow_entry(item)
+        files.add(path)
+        hits = {path, test} & slow
+        used |= hits
+        if hits or mode == "process":
+            item.add_marker(pytest.mark.slow)
         keep.append(item)
     items[:] = keep
+    stale = [e for e in SLOW_TESTS if e.split("::")[0] in files and e not in used]
+    if stale:
+        raise pytest.UsageError(f"SLOW_TESTS entries that match no test: {stale}")

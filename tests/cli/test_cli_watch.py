@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 from fleetscope.sinks.jsonl import read_jsonl
 from fleetscope_sim import FleetServer, SimFleet
+from support.paths import ROOT
 
 DEADLINE_S = 120  # generous for a loaded machine: a bound on waiting, not an expected time
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
+from support.paths import ROOT
 
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 

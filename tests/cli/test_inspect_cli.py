@@ -6,6 +6,7 @@ hit rate, and p50/p90/p99 by the independent PromQL reference on the bucket delt
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -13,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import VLLM_DIR, bucket_values, fixture_text, promql_bucket_quantile, sample_value
 from fleetscope import cli
+from support.bodies import bucket_values, sample_value
+from support.loopback import LoopbackServer, Reply, Request
+from support.paths import VLLM_DIR, fixture_text
+from support.promql import promql_bucket_quantile
 
 LOAD_PATH = VLLM_DIR / "single_load.prom"
 AFTER_PATH = VLLM_DIR / "single_after.prom"
@@ -176,36 +180,6 @@ def test_inspect_table_output(capsys: pytest.CaptureFixture[str]) -> None:
 # --------------------------------------------------------------------------- bounded downloads
 
 
-def _serve(handler_body):
-    """A loopback HTTP server whose GET /metrics runs ``handler_body(wfile)``."""
-    import contextlib
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                handler_body(self.wfile)
-
-        def log_message(self, *a) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
 def test_inspect_endless_body_stops_at_the_cap(capsys: pytest.CaptureFixture[str]) -> None:
     """An endless body: inspect stops at the collector's cap (MAX_BODY_BYTES) and exits 2."""
     import time
@@ -214,18 +188,14 @@ def test_inspect_endless_body_stops_at_the_cap(capsys: pytest.CaptureFixture[str
 
     line = b"# HELP x y\n" * 6000
 
-    def endless(w) -> None:
-        while True:
-            w.write(_chunk(line))
+    def endless(request: Request) -> Reply:
+        return Reply(itertools.repeat(line), chunked=True)
 
-    server = _serve(endless)
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with LoopbackServer({"/metrics": endless}, protocol="HTTP/1.1") as server:
+        url = server.url
         t0 = time.monotonic()
         rc = cli.main(["inspect", url, url, "--interval", "0", "--timeout", "60"])
         took = time.monotonic() - t0
-    finally:
-        server.shutdown()
     err = capsys.readouterr().err
     assert rc == 2, err
     assert f"exceeds the {MAX_BODY_BYTES} byte cap" in err
@@ -235,26 +205,16 @@ def test_inspect_endless_body_stops_at_the_cap(capsys: pytest.CaptureFixture[str
 def test_inspect_trickling_body_stops_at_the_deadline(capsys: pytest.CaptureFixture[str]) -> None:
     """A body that never ends but never stalls long enough for a read timeout: the total
     deadline (--timeout) stops it."""
-    import threading
     import time
 
-    stop = threading.Event()
+    def trickle(request: Request) -> Reply:  # a chunk every 50 ms until the server closes
+        return Reply(itertools.repeat(b"# x\n"), chunked=True, interval=0.05)
 
-    def trickle(w) -> None:
-        while not stop.is_set():
-            w.write(_chunk(b"# x\n"))
-            w.flush()
-            time.sleep(0.05)
-
-    server = _serve(trickle)
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with LoopbackServer({"/metrics": trickle}, protocol="HTTP/1.1") as server:
+        url = server.url
         t0 = time.monotonic()
         rc = cli.main(["inspect", url, url, "--interval", "0", "--timeout", "1"])
         took = time.monotonic() - t0
-    finally:
-        stop.set()
-        server.shutdown()
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "not complete after 1 s" in err

@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import ROOT, VLLM_DIR
 from fleetscope_sim import FleetServer, SimFleet
+from support.paths import ROOT, VLLM_DIR
 
 ROOT = ROOT
 README = ROOT / "README.md"
@@ -115,9 +115,15 @@ class Proc:
         return rc
 
     def kill(self) -> None:
+        """Kill it if still running; close its pipes once their readers are done."""
         if self.p.poll() is None:
             self.p.kill()
             self.p.wait(30)
+        for t in self._threads:
+            t.join(5)
+        for stream in (self.p.stdout, self.p.stderr):
+            if stream is not None:
+                stream.close()
 
 
 @pytest.fixture

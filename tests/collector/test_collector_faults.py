@@ -28,12 +28,12 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import promql_bucket_quantile
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.fleet.view import counter_increase
 from fleetscope.sources.http.source import Endpoint
 from fleetscope.util.warn import RateLimitedWarner
 from fleetscope_sim import FleetServer, SimEndpoint, SimFleet
+from support.promql import promql_bucket_quantile
 from support.simclock import keep_clock_ahead
 
 COUNTERS = (

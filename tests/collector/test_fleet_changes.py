@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
+from support.paths import ROOT
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
@@ -284,11 +284,12 @@ def test_a_new_process_is_expected_only_from_its_start() -> None:
     scale-up, a restarted Ray actor's new worker) did not exist before: a window expects it
     from the start of that interval, not from the window's start. One that leaves for good is
     expected up to its last scrape. Both covered throughout: coverage 1."""
-    from conftest import fixture_text, set_values
     from fleetscope.exposition import Parser
     from fleetscope.stats.baselines import Baselines
     from fleetscope.stats.reduce import EngineInput
     from fleetscope.stats.windows import WindowSet
+    from support.bodies import set_values
+    from support.paths import fixture_text
 
     body = fixture_text("single_after.prom")
     parser, base = Parser(), Baselines()

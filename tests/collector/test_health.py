@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import KV_PRESSURE_LOAD
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.health import CONDITIONS, HealthEvent, HealthMonitor, HealthThresholds
 from fleetscope.sinks.terminal import STATUS, TerminalSink
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, LoadProfile, SimFleet
+from support.loads import KV_PRESSURE_LOAD
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
@@ -415,10 +415,10 @@ def _sglang_replay(path: str, decode_growth: float, times=(0.0, 20.0, 40.0)) -> 
     """A real SGLang 0.5.23 body replayed at ``times``: its tokenizer counters unchanged (long
     requests, none finished: SGLang counts generation tokens when a request finishes), its
     scheduler's decode counter grown by ``decode_growth`` per replay."""
-    from conftest import DATA
     from fleetscope.exposition import Parser
     from fleetscope.fleet.state import FleetState
     from fleetscope.sources.base import ScrapeResult
+    from support.paths import DATA
 
     body = (DATA / "sglang-0.5.23" / path).read_text()
     decode = re.compile(r'^(sglang:realtime_tokens_total\{.*mode="decode".*\}) (\S+)$', re.M)

@@ -133,6 +133,8 @@ def test_the_child_never_outlives_the_trainer(tmp_path: Path) -> None:
         finally:
             if trainer.poll() is None:
                 trainer.kill()
+                trainer.wait(30)
+            trainer.stdout.close()
 
 
 def test_sigint_to_the_process_group_still_gives_the_run_summary(tmp_path: Path) -> None:
@@ -177,6 +179,8 @@ def test_sigint_to_the_process_group_still_gives_the_run_summary(tmp_path: Path)
         finally:
             if trainer.poll() is None:
                 trainer.kill()
+                trainer.wait(30)
+            trainer.stdout.close()
     text = out.read_text()
     assert "run_status" in text and "success" in text  # the summary reached the sink
 

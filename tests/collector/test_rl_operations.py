@@ -13,11 +13,13 @@ from datetime import datetime
 
 import pytest
 
-from conftest import DATA, bucket_values, promql_bucket_quantile, sample_values
 from fleetscope.catalog import BREAKDOWN_LABELS
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope.rl.operations import operation_keys, poll_rows
+from support.bodies import bucket_values, sample_values
+from support.paths import DATA
+from support.promql import promql_bucket_quantile
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

@@ -177,8 +177,8 @@ async def test_dev_mode_off_is_asked_once_and_gauges_still_count() -> None:
 
 
 def test_sleep_gauge_reading_on_real_vllm_bodies() -> None:
-    from conftest import DATA
     from fleetscope import Parser
+    from support.paths import DATA
 
     root = DATA / "real-vllm-rl" / "single"
     asleep = Parser().parse((root / "33_sleep_l1_asleep.prom").read_text(), time=0.0)

@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from conftest import KV_PRESSURE_LOAD, RAY_DIR, fixture_text, promql_bucket_quantile
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import ScrapeResult
@@ -40,6 +39,9 @@ from fleetscope.sources.ray.source import (
     worker_ids_of_actors,
 )
 from fleetscope_sim import FleetServer, LoadProfile, SimFleet
+from support.loads import KV_PRESSURE_LOAD
+from support.paths import RAY_DIR, fixture_text
+from support.promql import promql_bucket_quantile
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import gc
 import json
-import threading
 import time
 import tracemalloc
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fleetscope.collector.core import Collector
 from fleetscope.identity import EngineId
@@ -32,6 +30,7 @@ from fleetscope.sources.http.source import Endpoint
 from fleetscope.stats.accumulate import Accumulator
 from fleetscope.stats.engine_sum import EngineSum
 from fleetscope_sim import FleetServer, SimFleet
+from support.loopback import LoopbackServer
 from support.simclock import keep_clock_ahead
 
 FAMILIES = (
@@ -51,38 +50,17 @@ GEN = "vllm:generation_tokens_total"
 
 
 class _Loopback:
-    """A plain ``http.server`` in a thread answering /metrics with ``self.render()``."""
+    """A :class:`~support.loopback.LoopbackServer` answering /metrics with ``self.render()``."""
 
     def __init__(self) -> None:
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                body = owner.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = LoopbackServer({"/metrics": lambda request: self.render()})
+        self.url = self.server.url
 
     def render(self) -> str:
         raise NotImplementedError
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 class Churning(_Loopback):

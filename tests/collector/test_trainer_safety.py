@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from fleetscope.collector.process import ProcessBackend
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
+from support.loopback import LoopbackServer, Reply, Request, Route
 
 
 def polls(c) -> int:
@@ -40,44 +40,17 @@ def hostile(trickle: dict[str, float]) -> Iterator[str]:
     """A server whose /metrics answers at once, and whose paths in ``trickle`` answer one byte
     every ``trickle[path]`` seconds (a JSON body that never ends in time)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            if path == "/metrics":
-                body = BODY.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            if path in trickle:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                try:
-                    for ch in b'{"data": [' + b" " * 10_000:
-                        self.wfile.write(bytes([ch]))
-                        self.wfile.flush()
-                        time.sleep(trickle[path])
-                except OSError:
-                    return
-                return
-            self.send_response(404)
-            self.end_headers()
+    def trickling(seconds: float) -> Callable[[Request], Reply]:
+        def reply(request: Request) -> Reply:
+            body = (bytes([ch]) for ch in b'{"data": [' + b" " * 10_000)
+            return Reply(body, content_type="application/json", interval=seconds)
 
-        def log_message(self, *a: object) -> None:
-            pass
+        return reply
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    routes: dict[str, Route] = {"/metrics": BODY}
+    routes.update({path: trickling(seconds) for path, seconds in trickle.items()})
+    with LoopbackServer(routes) as server:
+        yield server.url
 
 
 @contextmanager
@@ -242,33 +215,17 @@ class Churning:
 
     def __init__(self) -> None:
         self.n = 0
-        owner = self
+        self.server = LoopbackServer({"/metrics": self.render})
+        self.url = self.server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                owner.n += 1
-                body = (
-                    "# TYPE vllm:generation_tokens_total counter\n"
-                    f'vllm:generation_tokens_total{{engine="{owner.n}"}} {owner.n}.0\n'
-                    "# TYPE vllm:num_requests_running gauge\n"
-                    f'vllm:num_requests_running{{engine="{owner.n}"}} 1.0\n'
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def render(self, request: Request) -> str:
+        self.n += 1
+        return (
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f'vllm:generation_tokens_total{{engine="{self.n}"}} {self.n}.0\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="{self.n}"}} 1.0\n'
+        )
 
 
 @pytest.mark.inline_only  # reads in-process internals
@@ -297,7 +254,7 @@ async def test_churning_engine_labels_stay_bounded(caplog: pytest.LogCaptureFixt
             t1 = fleet.endpoint("server0").truth_total("vllm:generation_tokens_total")
         finally:
             await c.stop()
-        churn.server.shutdown()
+        churn.server.close()
     churny = [e for e in c.state.baselines.engines() if e.endpoint == "churny"]
     assert len(churny) <= 4
     assert len([e for e in view.engines if e.startswith("churny.")]) <= 4

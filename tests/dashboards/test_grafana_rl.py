@@ -14,21 +14,20 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from test_grafana import OTHER_ROWS, row_exprs
 
-from conftest import DATA
 from fleetscope.dashboards.grafana import (
     build_dashboard,
     promql_expressions,
     substitute_variables,
     variable_queries,
 )
+from support.loopback import LoopbackServer
+from support.paths import DATA
 from support.prom import PrometheusServer
 
 RATE = "5s"
@@ -59,26 +58,11 @@ class Growing:
 
     def __init__(self, text: str) -> None:
         counter = itertools.count(1)
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = grown(text, next(counter)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.target = f"127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.server = LoopbackServer({"/metrics": lambda request: grown(text, next(counter))})
+        self.target = self.server.target
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.close()
 
 
 @pytest.fixture(scope="module")

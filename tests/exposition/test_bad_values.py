@@ -11,11 +11,12 @@ import math
 import numpy as np
 import pytest
 
-from conftest import drop_lines, fixture_text, sample_value, set_values
 from fleetscope.exposition import InvalidSeries, Parser
 from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope.stats.baselines import Baselines
 from fleetscope.stats.deltas import engine_delta
+from support.bodies import drop_lines, sample_value, set_values
+from support.paths import fixture_text
 
 WALL = 1_795_970_000.0
 LOAD = fixture_text("single_load.prom")

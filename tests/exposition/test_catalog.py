@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from conftest import DATA
 from fleetscope import catalog
 from fleetscope.catalog import FAMILIES, FAMILY_BY_NAME, canonical_family
 from fleetscope.exposition import parse
+from support.paths import DATA
 
 DATA = DATA
 SG_FAMILIES = json.loads((DATA / "sglang-0.5.23" / "families.json").read_text())

@@ -29,8 +29,9 @@ from prometheus_client import generate_latest as generate_004
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ALL_FIXTURES, drop_lines, fixture_text, sample_value, set_values
 from fleetscope.exposition import MAX_BODY_BYTES, ExpositionError, Parser, parse
+from support.bodies import drop_lines, sample_value, set_values
+from support.paths import ALL_FIXTURES, fixture_text
 
 BREAKDOWN = {"finished_reason", "reason", "source", "position", "sleep_state", "quantile"}
 RENAMES = {

@@ -13,10 +13,10 @@ import math
 
 import pytest
 
-from conftest import DATA
 from fleetscope.exposition import Parser, parse
 from fleetscope.fleet.state import FleetState, ScrapeResult
 from real import bodies as B
+from support.paths import DATA
 
 DATA = DATA / "real-vllm"
 KINDS = {"single": {"0"}, "dp2": {"0", "1"}}

@@ -15,10 +15,11 @@ import math
 import numpy as np
 import pytest
 
-from conftest import DATA, VLLM_DIR, promql_bucket_quantile
 from fleetscope.exposition import Parser, parse
 from fleetscope.exposition.snapshot import EngineSnapshot
 from fleetscope.fleet.state import FleetState, ScrapeResult
+from support.paths import DATA, VLLM_DIR
+from support.promql import promql_bucket_quantile
 
 SG = DATA / "sglang-0.5.23"
 TRUTH = json.loads((SG / "truth.json").read_text())

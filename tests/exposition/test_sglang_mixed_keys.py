@@ -16,9 +16,10 @@ from collections import defaultdict
 import pytest
 from test_sglang import observe_polls
 
-from conftest import DATA, VLLM_DIR, promql_bucket_quantile
 from fleetscope import catalog
 from fleetscope.stats.plans import metric_name
+from support.paths import DATA, VLLM_DIR
+from support.promql import promql_bucket_quantile
 
 SG = DATA / "sglang-0.5.23"
 SECONDS = 30.0

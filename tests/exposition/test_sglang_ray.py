@@ -24,11 +24,11 @@ import re
 import numpy as np
 import pytest
 
-from conftest import DATA, RAY_DIR
 from fleetscope.exposition import Parser, parse
 from fleetscope.exposition.snapshot import EngineSnapshot
 from fleetscope.sources.http.source import HttpSource
 from fleetscope.sources.ray.source import RAY_AGENT_IDENTITY, RayIdentity, RaySource
+from support.paths import DATA, RAY_DIR
 
 SG = DATA / "sglang-0.5.23"
 TRUTH = json.loads((SG / "truth.json").read_text())

@@ -30,7 +30,6 @@ import shutil
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -38,17 +37,13 @@ import httpx
 import pytest
 
 from real import bodies as B
+from real.scenario import GROUP, KIND, WINDOW, RealRun
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADGEN = ROOT / "scripts" / "real_vllm" / "loadgen.py"
 ENV_URLS = {"server0": "FLEETSCOPE_REAL_SERVER0", "server1": "FLEETSCOPE_REAL_SERVER1"}
 ENV_OUT = "FLEETSCOPE_REAL_OUT"  # where to write the scraped bodies (default: a temp dir)
 ENV_META = "FLEETSCOPE_REAL_META"  # JSON from the launcher: versions, server arguments
-# body file name prefix per endpoint
-KIND = {"server0": "single", "server1": "dp2"}
-# endpoint groups: per-server scopes in fleetscope's keys
-GROUP = {"server0": "single", "server1": "dp2"}
-WINDOW = "load"
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
 
 
@@ -75,44 +70,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 # ----------------------------------------------------------------------------- the scenario
-
-
-@dataclass
-class RealRun:
-    urls: dict[str, str]  # endpoint name -> base URL
-    targets: dict[str, str]  # endpoint name -> host:port (Prometheus instance label)
-    prom: object  # support.prom.PrometheusServer, alive for the whole session
-    out_dir: Path
-    bodies: dict[tuple[str, str], str] = field(default_factory=dict)  # (endpoint, phase) -> text
-    content_types: dict[tuple[str, str], str] = field(default_factory=dict)
-    load: dict = field(default_factory=dict)  # the load generator's JSON
-    first_view: object = None  # fleetscope's FleetView of the first poll
-    views: list = field(default_factory=list)  # every poll's view
-    window_keys: dict[str, float] = field(default_factory=dict)
-    summary: dict = field(default_factory=dict)
-    t1: float = 0.0  # PromQL evaluation times of the frozen states
-    t2: float = 0.0
-    warnings: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    quiet_polls: int = 0  # scrapes taken while waiting for the counters to settle
-    load_samples: int = 0  # direct scrapes under load (to pick the "load" bodies)
-    # per poll: (seconds since the first poll, {engine: (running, waiting, generation tok/s)})
-    poll_table: list = field(default_factory=list)
-
-    def body(self, endpoint: str, phase: str) -> str:
-        return self.bodies[(endpoint, phase)]
-
-    def record(self, view) -> None:
-        self.views.append(view)
-        t0 = self.views[0].result.time
-        row = {}
-        for eid, e in sorted(view.engines.items()):
-            gen = view.keys.get(f"inference/{eid}/generation_tokens_total:rate")
-            row[eid] = (e.running, e.waiting, None if gen is None else round(gen, 1))
-        self.poll_table.append((round(view.result.time - t0, 2), row))
-
-    def table(self) -> str:
-        return "\n".join(f"  t={t:6.2f}s {row}" for t, row in self.poll_table)
 
 
 class _Capture(logging.Handler):

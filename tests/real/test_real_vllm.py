@@ -13,7 +13,7 @@ import math
 import pytest
 
 from real import bodies as B
-from real.conftest import GROUP, KIND, WINDOW, RealRun
+from real.scenario import GROUP, KIND, WINDOW, RealRun
 
 ENGINES = {"server0.0", "server1.0", "server1.1"}
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
@@ -241,7 +241,7 @@ def test_window_quantiles_equal_promql(real_run: RealRun, scope: str) -> None:
 @pytest.mark.parametrize("scope", ["agg", "single", "dp2"])
 def test_window_quantiles_equal_the_bodies(real_run: RealRun, scope: str) -> None:
     """The same quantiles from the bodies' bucket deltas (independent of Prometheus)."""
-    from conftest import promql_bucket_quantile
+    from support.promql import promql_bucket_quantile
 
     eps = scopes(real_run)[scope]
     keys = real_run.window_keys

@@ -12,13 +12,12 @@ import asyncio
 import importlib
 import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
-from conftest import ROOT
+from support.loopback import LoopbackServer, Reply, Request
+from support.paths import ROOT
 
 SCRIPTS = ROOT / "scripts" / "real_vllm"
 
@@ -37,24 +36,11 @@ def sse_body() -> bytes:
     return ("".join(lines) + "data: [DONE]\n\n").encode("utf-8")
 
 
-class Streamer(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = sse_body()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for i in range(0, len(body), 7):  # 7-byte chunks: some cut "é" and U+2028 in half
-            part = body[i : i + 7]
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-            self.wfile.flush()
-        self.wfile.write(b"0\r\n\r\n")
-
-    def log_message(self, *a: object) -> None:
-        pass
+def stream(request: Request) -> Reply:
+    """The SSE body in 7-byte chunks: some cut "é" and U+2028 in half."""
+    body = sse_body()
+    chunks = [body[i : i + 7] for i in range(0, len(body), 7)]
+    return Reply(chunks, content_type="text/event-stream", chunked=True)
 
 
 @pytest.fixture
@@ -68,11 +54,8 @@ def loadgen():
 
 @pytest.fixture
 def server_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Streamer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with LoopbackServer(default=stream, protocol="HTTP/1.1") as server:
+        yield server.url
 
 
 def test_streamed_json_with_unicode_line_separators_is_counted(loadgen, server_url) -> None:

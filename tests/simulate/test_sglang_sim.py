@@ -10,12 +10,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DATA, promql_bucket_quantile
 from fleetscope.catalog import FAMILY_BY_NAME
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope_sim import FleetServer, LoadProfile, SglangEndpoint, SimFleet
 from fleetscope_sim.sglang_families import FAMILIES
+from support.paths import DATA
+from support.promql import promql_bucket_quantile
 
 SG_DIR = DATA / "sglang-0.5.23"
 REAL = {f["name"]: f for f in json.loads((SG_DIR / "families.json").read_text())}

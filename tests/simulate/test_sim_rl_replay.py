@@ -19,11 +19,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DATA
 from fleetscope.exposition import Parser
 from fleetscope_sim import FleetServer, LoadProfile, SimEndpoint, SimFleet
 from fleetscope_sim.rl import ROUTES, PendingCall
 from fleetscope_sim.rl_metrics import FAMILIES_OF, SLEEP_MODE, WEIGHT_UPDATE
+from support.paths import DATA
 
 RL_DIR = DATA / "real-vllm-rl"
 # run -> (DP, weight-transfer backend)

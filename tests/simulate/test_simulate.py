@@ -14,7 +14,6 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DATA
 from fleetscope_sim import (
     CONTENT_TYPE_LATEST,
     FleetServer,
@@ -24,6 +23,7 @@ from fleetscope_sim import (
     cli_main,
 )
 from fleetscope_sim.vllm_families import FAMILIES, build_1_2_5_buckets
+from support.paths import DATA
 
 FIXTURES = DATA / "fixtures" / "vllm-0.32.0-cpu"
 WALL = 1_800_000_000.0

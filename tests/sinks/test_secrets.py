@@ -11,13 +11,12 @@ import asyncio
 import json
 import logging
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from fleetscope.util.redact import redact
 from fleetscope.util.warn import RateLimitedWarner
+from support.loopback import LoopbackServer, Reply, Request
 
 SECRET = "s3cr3tPassw0rd"
 TOKEN = "glsa_TopSecretToken_0123456789"
@@ -98,30 +97,16 @@ def test_scrape_warning_hides_url_credentials(caplog: pytest.LogCaptureFixture) 
     assert SECRET not in text  # ... without the password
 
 
-class _EchoHeaders(BaseHTTPRequestHandler):
-    def _echo(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = json.dumps({"message": "boom", "request_headers": dict(self.headers)}).encode()
-        self.send_response(500)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_POST = do_PATCH = do_PUT = _echo
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _echo(request: Request) -> Reply:
+    """A 500 whose body echoes the request's headers (the bearer token included)."""
+    body = json.dumps({"message": "boom", "request_headers": request.headers})
+    return Reply(body, status=500, content_type="application/json")
 
 
 @pytest.fixture
 def echo_grafana():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _EchoHeaders)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with LoopbackServer(default=_echo) as server:
+        yield server.url
 
 
 def test_grafana_error_echoing_headers_hides_the_token(

@@ -9,7 +9,6 @@ import time
 
 import httpx
 
-from conftest import DATA, FIXTURES
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
 from fleetscope.rl.view import engine_kind
@@ -17,6 +16,7 @@ from fleetscope.sinks.terminal import TerminalSink, engine_rows
 from fleetscope.sources.base import ScrapeResult
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
+from support.paths import DATA, FIXTURES
 
 BODIES = {
     "vllm0": [FIXTURES / "vllm-0.32.0-cpu" / f"dp2_{s}.prom" for s in ("idle", "load")],

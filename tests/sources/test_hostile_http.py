@@ -2,9 +2,9 @@
 bad body next to a healthy simulated vLLM server, and ``Collector([...]).poll()`` shows the
 healthy engines' totals exact and the bad series excluded.
 
-The hostile server is a plain ``http.server`` in a thread, serving whatever body the test put
-in it last; the healthy one is ``fleetscope_sim`` (FleetServer), stepped in frozen steps,
-so its ground truth is exact.
+The hostile server is a :class:`~support.loopback.LoopbackServer` (a thread), serving whatever
+body the test put in it last; the healthy one is ``fleetscope_sim`` (FleetServer), stepped in
+frozen steps, so its ground truth is exact.
 """
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import threading
 import time
 from collections.abc import AsyncIterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import fixture_text, sample_value, set_values
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.fleet.view import counter_increase
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
+from support.bodies import sample_value, set_values
+from support.loopback import LoopbackServer
+from support.paths import fixture_text
 
 LOAD = fixture_text("single_load.prom")
 AFTER = fixture_text("single_after.prom")
@@ -36,39 +36,18 @@ BAD = "hostile.0"
 
 
 class Hostile:
-    """A loopback server that serves ``self.body`` on /metrics (404 elsewhere)."""
+    """A loopback server that serves the last body given to :meth:`serve` on /metrics (404
+    elsewhere)."""
 
     def __init__(self) -> None:
-        self.body = b""
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                body = owner.body
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server = LoopbackServer({"/metrics": b""})
+        self.url = self.server.url
 
     def serve(self, body: str) -> None:
-        self.body = body.encode()
+        self.server.routes["/metrics"] = body.encode()
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 class Rig:

@@ -21,7 +21,6 @@ import time
 import httpx
 import pytest
 
-from conftest import RAY_DIR, drop_lines, fixture_text, sample_value, set_values
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
 from fleetscope.sources.http.source import HttpSource
@@ -33,6 +32,8 @@ from fleetscope.sources.ray.source import (
     decode_label,
     discover_agents,
 )
+from support.bodies import drop_lines, sample_value, set_values
+from support.paths import RAY_DIR, fixture_text
 
 META = json.loads((RAY_DIR / "ray_default_meta.json").read_text())
 IDS = {name: v["worker_id"] for name, v in META["identities"].items()}

@@ -10,7 +10,6 @@ import time
 import httpx
 import pytest
 
-from conftest import DATA
 from fleetscope.exposition import parse
 from fleetscope.sources.base import Endpoint, ScrapeResult
 from fleetscope.sources.http.server_version import (
@@ -22,6 +21,7 @@ from fleetscope.sources.http.server_version import (
 from fleetscope.sources.http.source import HttpSource
 from fleetscope.util.warn import RateLimitedWarner
 from fleetscope_sim import FleetServer, SimFleet
+from support.paths import DATA
 
 SG = DATA / "sglang-0.5.23"
 

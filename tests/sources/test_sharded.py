@@ -29,7 +29,6 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from conftest import VLLM_DIR
 from fleetscope.collector.core import Collector
 from fleetscope.collector.sharded import ShardedCollector, shard_endpoints
 from fleetscope.exposition import Parser
@@ -44,6 +43,7 @@ from fleetscope.stats.reduce import (
     reduce_poll,
 )
 from fleetscope_sim import FleetServer, SimFleet
+from support.paths import VLLM_DIR
 from support.ray_cluster import local_ray
 
 WALL0 = 1_795_000_000.0

@@ -12,14 +12,14 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import gc
 import gzip
 import ipaddress
 import logging
 import socket
 import ssl
-import threading
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -39,6 +39,7 @@ from fleetscope.sources.http.wire import (
     Refused,
     WireClient,
 )
+from support.loopback import LoopbackServer
 
 BODY = b'# TYPE vllm:x counter\nvllm:x_total{engine="0"} 1.0\n'
 TEXT = b"Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
@@ -404,36 +405,20 @@ async def test_refused_connection_and_forget() -> None:
 
 def test_a_connection_is_never_reused_from_another_event_loop() -> None:
     """A collector's source may be driven by one loop, then another (``asyncio.run`` twice)."""
-    connections: list[int] = []
-
-    class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def setup(self) -> None:
-            super().setup()
-            connections.append(1)
-
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(BODY)))
-            self.end_headers()
-            self.wfile.write(BODY)
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    c = WireClient({}, None)
-    try:
+    # asyncio cannot close a transport whose loop has ended: the connections of the ended loops
+    # are freed by the garbage collector, with a ResourceWarning each (here, not in whichever
+    # test runs the next collection)
+    with (
+        LoopbackServer({"/metrics": BODY}, protocol="HTTP/1.1") as server,  # keep-alive
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore", ResourceWarning)
+        c = WireClient({}, None)
         for _ in range(2):
-            assert asyncio.run(c.get(url, cap=1000)).body == BODY
-        assert len(connections) == 2
-    finally:
-        server.shutdown()
-        server.server_close()
+            assert asyncio.run(c.get(server.metrics_url, cap=1000)).body == BODY
+        assert server.connections == 2
+        del c
+        gc.collect()
 
 
 # ------------------------------------------------------------------------ request headers

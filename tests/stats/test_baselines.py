@@ -11,9 +11,10 @@ import random
 import numpy as np
 import pytest
 
-from conftest import drop_lines, fixture_text, set_values
 from fleetscope.exposition import Parser
 from fleetscope.stats.baselines import BATCH_MIN, Advance, Baselines
+from support.bodies import drop_lines, set_values
+from support.paths import fixture_text
 
 WALL = 1_795_970_000.0
 BODIES = [fixture_text(n) for n in ("single_idle.prom", "single_load.prom", "single_after.prom")]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import FIXTURES
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import FleetState, ScrapeResult
+from support.paths import FIXTURES
 
 SINGLE = FIXTURES / "vllm-0.32.0-cpu"
 

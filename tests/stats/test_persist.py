@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 
-from conftest import fixture_text
 from fleetscope.exposition import Parser
 from fleetscope.stats.persist import (
     floats_from_json,
@@ -16,6 +15,7 @@ from fleetscope.stats.persist import (
     layout_from_data,
     layout_to_data,
 )
+from support.paths import fixture_text
 
 
 def test_float_arrays_round_trip_exactly_through_strict_json() -> None:

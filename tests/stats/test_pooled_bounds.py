@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import math
 
-from conftest import promql_bucket_quantile
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope_sim import FleetServer, SimFleet
+from support.promql import promql_bucket_quantile
 
 TTFT = {"vllm": "vllm:time_to_first_token_seconds", "sglang": "sglang:time_to_first_token_seconds"}
 

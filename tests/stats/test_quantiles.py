@@ -1,6 +1,6 @@
 """Histogram quantiles (docs/rules.md §3.5) against an independent transcription of PromQL's rules.
 
-``promql_bucket_quantile`` (tests/conftest.py) is the reference; ``bucket_quantile`` must agree
+``promql_bucket_quantile`` (support/promql.py) is the reference; ``bucket_quantile`` must agree
 with it on random bucket sets (unsorted, duplicated bounds, float noise, non-monotonic counts)
 and on every edge case by name. Pooling across engines uses the intersection of bounds.
 """
@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import promql_bucket_quantile
 from fleetscope.stats.quantiles import (
     bucket_quantile,
     pool_buckets,
     pooled_quantiles,
     shared_bounds,
 )
+from support.promql import promql_bucket_quantile
 
 INF = math.inf
 # vLLM's real layouts: request_prompt_tokens with max_model_len 512 and 1024 (1-2-5 buckets)

@@ -1,7 +1,7 @@
 """Scope reductions (docs/rules.md §3.4-3.6, 4) and key schemas / the key budget (docs/rules.md §5).
 
 Expected values are computed from the bodies' text; quantiles with the independent PromQL
-reference in conftest.
+reference in support.promql.
 """
 
 from __future__ import annotations
@@ -12,19 +12,15 @@ import statistics
 import numpy as np
 import pytest
 
-from conftest import (
-    bucket_values,
-    fixture_text,
-    promql_bucket_quantile,
-    sample_value,
-    set_values,
-)
 from fleetscope.exposition import Parser
 from fleetscope.exposition.snapshot import EngineSnapshot
 from fleetscope.fleet.state import FleetState, ScrapeResult
 from fleetscope.keys import DEFAULT_KEY_BUDGET, KeyOptions, poll_keys, tail_engines
 from fleetscope.stats.deltas import engine_delta
 from fleetscope.stats.reduce import EngineInput, reduce_poll
+from support.bodies import bucket_values, sample_value, set_values
+from support.paths import fixture_text
+from support.promql import promql_bucket_quantile
 
 WALL = 1_795_970_000.0
 IDLE = fixture_text("single_idle.prom")

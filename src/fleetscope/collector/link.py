@@ -175,7 +175,12 @@ class ChildLink(Members):
                     pending, self._pending = self._pending, {}
                 else:
                     pending = {}
-            code = child.proc.poll()
+            code: int | None
+            try:  # its connection is closed: it has exited or is exiting; collect its status
+                code = child.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                code = child.proc.poll()
             for waiting in pending.values():
                 if not waiting.done():
                     waiting.set_exception(ChildUnavailable(f"the child process exited ({code})"))
