@@ -217,7 +217,7 @@ def test_inspect_endless_body_stops_at_the_cap(capsys):
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         t0 = time.monotonic()
-        rc = cli.main(["inspect", url, url, "--interval", "0", "--timeout", "60"])
+        rc = cli.main(["inspect", url, url, "--interval", "0.01", "--timeout", "60"])
         took = time.monotonic() - t0
     finally:
         server.shutdown()
@@ -245,7 +245,7 @@ def test_inspect_trickling_body_stops_at_the_deadline(capsys):
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         t0 = time.monotonic()
-        rc = cli.main(["inspect", url, url, "--interval", "0", "--timeout", "1"])
+        rc = cli.main(["inspect", url, url, "--interval", "0.01", "--timeout", "1"])
         took = time.monotonic() - t0
     finally:
         stop.set()
