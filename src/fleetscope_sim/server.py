@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 
@@ -130,6 +133,34 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     roles = args.roles
     if roles is None and (args.prefill or args.decode):
         roles = ["prefill"] * args.prefill + ["decode"] * args.decode
+    try:
+        _serve(args, roles)
+    except OSError as e:
+        if e.errno not in _LISTEN_ERRORS:
+            raise
+        n = len(roles) if roles else args.endpoints
+        print(_listen_problem(e, args.port_base, n), file=sys.stderr)
+        return 1
+    return 0
+
+
+#: why a port cannot be listened on: taken, not ours to take, not on this machine
+_LISTEN_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
+
+
+def _listen_problem(e: OSError, port_base: int | None, n: int) -> str:
+    """``fleetscope simulate`` could not listen: one line saying what to do."""
+    reason = os.strerror(e.errno) if e.errno is not None else str(e)
+    if port_base is None:
+        return f"fleetscope simulate: cannot listen on {HOST}: {reason}"
+    ports = f"port {port_base}" if n == 1 else f"ports {port_base}-{port_base + n - 1}"
+    return (
+        f"fleetscope simulate: cannot listen on {HOST} {ports}: {reason}; choose another "
+        "--port-base, or leave it out to use free ports"
+    )
+
+
+def _serve(args: argparse.Namespace, roles: list[Role] | None) -> None:
     serve_forever(
         endpoints=args.endpoints,
         dp=args.dp,
@@ -144,4 +175,3 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         duration=args.duration,
         engine_kind=args.engines,
     )
-    return 0

@@ -194,7 +194,7 @@ def test_inspect_endless_body_stops_at_the_cap(capsys: pytest.CaptureFixture[str
     with LoopbackServer({"/metrics": endless}, protocol="HTTP/1.1") as server:
         url = server.url
         t0 = time.monotonic()
-        rc = cli.main(["inspect", url, url, "--interval", "0", "--timeout", "60"])
+        rc = cli.main(["inspect", url, url, "--interval", "0.01", "--timeout", "60"])
         took = time.monotonic() - t0
     err = capsys.readouterr().err
     assert rc == 2, err
@@ -213,7 +213,7 @@ def test_inspect_trickling_body_stops_at_the_deadline(capsys: pytest.CaptureFixt
     with LoopbackServer({"/metrics": trickle}, protocol="HTTP/1.1") as server:
         url = server.url
         t0 = time.monotonic()
-        rc = cli.main(["inspect", url, url, "--interval", "0", "--timeout", "1"])
+        rc = cli.main(["inspect", url, url, "--interval", "0.01", "--timeout", "1"])
         took = time.monotonic() - t0
     err = capsys.readouterr().err
     assert rc == 2, err

@@ -162,89 +162,104 @@ def with_sim_servers(command: str, stack: list) -> tuple[str, dict[str, str]]:
     return PLACEHOLDER.sub(lambda m: urls[m.group(1)], command), urls
 
 
+def check_simulate(command: str, argv: list[str], cwd: Path, env: dict, procs: list) -> None:
+    n = int(re.search(r"--endpoints (\d+)", command).group(1))
+    proc = Proc(argv, cwd, env)
+    procs.append(proc)  # killed by the test whatever happens
+    proc.wait_for(lambda: proc.text().count("/metrics") >= n, f"{n} servers listed")
+    port = int(re.search(r"--port-base (\d+)", command).group(1))
+    for i in range(n):
+        r = httpx.get(f"http://127.0.0.1:{port + i}/metrics", timeout=30)
+        kind = "sglang:" if "--engines mixed" in command and i % 2 else "vllm:"
+        assert r.status_code == 200 and kind in r.text
+    assert proc.stop(signal.SIGINT) == 0, proc.text()
+
+
+def check_demo(argv: list[str], cwd: Path, env: dict) -> None:
+    """--engines mixed: a vLLM + SGLang fleet, end to end."""
+    from fleetscope.sinks.jsonl import read_jsonl
+
+    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=3 * DEADLINE_S)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = p.stdout[p.stdout.rfind("fleetscope demo: done") :]
+    assert "run_status: success" in report and "server1 0.5.23" in report, report
+    _, s = read_jsonl(cwd / "fleetscope-demo" / "polls.jsonl")
+    assert s["inference_summary/endpoints/server0/engine_version"] == "0.32.0"
+    assert s["inference_summary/endpoints/server1/engine_kind"] == "sglang"
+    ttft = "inference_summary/combined/agg/time_to_first_token_seconds/"
+    assert s[ttft + "pooled_bounds"] == 6.0 and ttft + "p90" in s
+
+
+def check_inspect(command: str, argv: list[str], cwd: Path, env: dict) -> None:
+    for name in re.findall(r"(\S+\.prom)", command):
+        src = "single_load.prom" if "before" in name else "single_after.prom"
+        shutil.copy(VLLM_DIR / src, cwd / name)
+    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=DEADLINE_S)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "generation_tokens_total" in p.stdout
+
+
+def check_watch_once(argv: list[str], cwd: Path, env: dict) -> None:
+    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=DEADLINE_S)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    keys = json.loads(p.stdout)
+    assert keys["inference/agg/engines_reporting"] == 1
+
+
+def check_watch(argv: list[str], cwd: Path, env: dict, stack: list, procs: list) -> None:
+    from fleetscope.sinks.jsonl import read_jsonl
+
+    files = [a for a in argv if a.endswith(".txt")]
+    if "--endpoints-file" in argv:
+        # the README's file, listing a simulated server
+        _, file_urls = with_sim_servers("http://gpu0:8000", stack)
+        (cwd / files[0]).write_text(f"# the fleet\n{file_urls['gpu0']}\n")
+    proc = Proc(argv, cwd, env)
+    procs.append(proc)  # killed by the test whatever happens
+    jsonl = next((cwd / a for a in argv if a.endswith(".jsonl")), None)
+    names = ["prefill0", "decode0", "decode1"] if "--role" in argv else ["server0"]
+    if jsonl is not None:
+        proc.wait_for(
+            lambda: jsonl.exists() and len(read_jsonl(jsonl)[0]) >= 2, "two polls in the JSONL"
+        )
+    else:  # not a terminal: the view prints one line per poll (all engines up)
+        line = re.compile(rf"^fleetscope  poll \d+  engines {len(names)}/{len(names)}  ", re.M)
+        proc.wait_for(lambda: bool(line.search("".join(proc.out))), "a poll")
+    assert proc.stop(signal.SIGTERM) == 0, proc.text()
+    if jsonl is not None:
+        assert read_jsonl(jsonl)[1]["run_status"] == "success"
+    if "--wandb-project" in argv:
+        assert list(cwd.rglob("offline-run-*")), "no offline W&B run"
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_readme_command(command: str, workdir) -> None:
     cwd, env = workdir
-    argv = shlex.split(command)
-    sub = argv[1]
-    if sub == "demo" and "--engines" not in argv:
+    sub = shlex.split(command)[1]
+    if sub == "demo" and "--engines" not in command:
         pytest.skip("run end to end by tests/cli/test_demo_wandb.py")
     stack: list = []
-    proc: Proc | None = None
+    procs: list[Proc] = []
     try:
         cmd, _ = with_sim_servers(command, stack)
         argv = [entry_point(), *shlex.split(cmd)[1:]]
         if sub == "simulate":
-            n = int(re.search(r"--endpoints (\d+)", command).group(1))
-            proc = Proc(argv, cwd, env)
-            proc.wait_for(lambda: proc.text().count("/metrics") >= n, f"{n} servers listed")
-            port = int(re.search(r"--port-base (\d+)", command).group(1))
-            for i in range(n):
-                r = httpx.get(f"http://127.0.0.1:{port + i}/metrics", timeout=30)
-                kind = "sglang:" if "--engines mixed" in command and i % 2 else "vllm:"
-                assert r.status_code == 200 and kind in r.text
-            assert proc.stop(signal.SIGINT) == 0, proc.text()
-        elif sub == "demo":  # --engines mixed: a vLLM + SGLang fleet, end to end
-            p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                               timeout=3 * DEADLINE_S)  # fmt: skip
-            assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-            report = p.stdout[p.stdout.rfind("fleetscope demo: done") :]
-            assert "run_status: success" in report and "server1 0.5.23" in report, report
-            from fleetscope.sinks.jsonl import read_jsonl
-
-            _, summary = read_jsonl(cwd / "fleetscope-demo" / "polls.jsonl")
-            s = summary
-            assert s["inference_summary/endpoints/server0/engine_version"] == "0.32.0"
-            assert s["inference_summary/endpoints/server1/engine_kind"] == "sglang"
-            ttft = "inference_summary/combined/agg/time_to_first_token_seconds/"
-            assert s[ttft + "pooled_bounds"] == 6.0 and ttft + "p90" in s
+            check_simulate(command, argv, cwd, env, procs)
+        elif sub == "demo":
+            check_demo(argv, cwd, env)
         elif sub == "inspect":
-            for name in re.findall(r"(\S+\.prom)", command):
-                src = "single_load.prom" if "before" in name else "single_after.prom"
-                shutil.copy(VLLM_DIR / src, cwd / name)
-            p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                               timeout=DEADLINE_S)  # fmt: skip
-            assert p.returncode == 0, p.stderr
-            assert "generation_tokens_total" in p.stdout
+            check_inspect(command, argv, cwd, env)
         elif sub == "watch" and "--once" in argv:
-            p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                               timeout=DEADLINE_S)  # fmt: skip
-            assert p.returncode == 0, p.stderr
-            keys = json.loads(p.stdout)
-            assert keys["inference/agg/engines_reporting"] == 1
+            check_watch_once(argv, cwd, env)
         elif sub == "watch":
-            files = [a for a in argv if a.endswith(".txt")]
-            if "--endpoints-file" in argv:
-                # the README's file, listing a simulated server
-                _, file_urls = with_sim_servers("http://gpu0:8000", stack)
-                (cwd / files[0]).write_text(f"# the fleet\n{file_urls['gpu0']}\n")
-            proc = Proc(argv, cwd, env)
-            jsonl = next((cwd / a for a in argv if a.endswith(".jsonl")), None)
-            names = ["prefill0", "decode0", "decode1"] if "--role" in argv else ["server0"]
-            if jsonl is not None:
-
-                def polled() -> bool:
-                    from fleetscope.sinks.jsonl import read_jsonl
-
-                    return jsonl.exists() and len(read_jsonl(jsonl)[0]) >= 2
-
-                proc.wait_for(polled, "two polls in the JSONL")
-            else:  # not a terminal: the view prints one line per poll (all engines up)
-                line = re.compile(
-                    rf"^fleetscope  poll \d+  engines {len(names)}/{len(names)}  ", re.M
-                )
-                proc.wait_for(lambda: bool(line.search("".join(proc.out))), "a poll")
-            assert proc.stop(signal.SIGTERM) == 0, proc.text()
-            if jsonl is not None:
-                from fleetscope.sinks.jsonl import read_jsonl
-
-                assert read_jsonl(jsonl)[1]["run_status"] == "success"
-            if "--wandb-project" in argv:
-                assert list(cwd.rglob("offline-run-*")), "no offline W&B run"
+            check_watch(argv, cwd, env, stack, procs)
         else:
             raise AssertionError(f"README command not checked by this test: {command}")
     finally:
-        if proc is not None:
+        for proc in procs:
             proc.kill()
         for server in stack:
             server.stop()

@@ -33,9 +33,7 @@ def metadata() -> bytes:
     ).encode()
 
 
-def api(
-    *, stamps: list[dict[str, Any]] | None = None, samples: bool = True
-) -> dict[str, Any]:
+def api(*, stamps: list[dict[str, Any]] | None = None, samples: bool = True) -> dict[str, Any]:
     """Routes of a small Prometheus: one target ``t:1``, up, scraped at NOW."""
     target = {"instance": "t:1", "job": "vllm"}
     good_stamps = [{"metric": target, "value": [NOW, str(NOW)]}]
@@ -48,8 +46,12 @@ def api(
             return vector([{"metric": {"__name__": "up", **target}, "value": [NOW, "1"]}])
         rows = [
             {
-                "metric": {"__name__": "vllm:generation_tokens_total", "engine": "0",
-                           "model_name": "m", **target},
+                "metric": {
+                    "__name__": "vllm:generation_tokens_total",
+                    "engine": "0",
+                    "model_name": "m",
+                    **target,
+                },
                 "value": [NOW, "10"],
             }
         ]

@@ -8,6 +8,7 @@ it follows), ``_demo`` (simulate, demo), ``_dashboards`` (dashboard grafana|wand
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 
@@ -87,7 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The ``fleetscope`` command: its exit code (2: a usage error, 1: a runtime failure).
+
+    Output into a pipe that closed (``fleetscope inspect ... --json | head``) ends the command
+    quietly, as a standard tool ends on SIGPIPE: no traceback, nothing on stderr, exit code 1
+    (as rich's console does for the tables)."""
+    try:
+        return _run(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        _drop_stdout()
+        return 1
+
+
+def _run(argv: list[str]) -> int:
     if argv[:1] == ["simulate"]:
         # argparse.REMAINDER does not take options that come first (`simulate --endpoints 4`
         # was "unrecognized arguments"): the simulator parses its own command line
@@ -95,4 +108,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return int(cli_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
+    usage_check = getattr(args, "usage_check", None)
+    if usage_check is not None:
+        usage_check(args)  # a usage error exits here, with code 2
     return int(args.func(args) or 0)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for the closed pipe is dropped when
+    Python exits, not reported as a second BrokenPipeError."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

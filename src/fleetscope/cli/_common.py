@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias, cast
 
 if TYPE_CHECKING:
@@ -11,6 +13,83 @@ if TYPE_CHECKING:
 
     #: what ``ArgumentParser.add_subparsers`` returns (generic only in typeshed)
     Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+#: a check of the parsed options that argparse cannot make alone (options that only mean
+#: something together): the problem in one line, or ``None``
+UsageCheck = Callable[[argparse.Namespace], "str | None"]
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=`` for seconds and other amounts that must be > 0 (and finite): argparse
+    then prints the usage and this one line, exit code 2."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}")
+    return value
+
+
+def add_usage_check(parser: argparse.ArgumentParser, check: UsageCheck) -> None:
+    """Run ``check`` on the options ``parser`` parsed (``main`` calls ``args.usage_check``):
+    a problem it returns is a usage error of ``parser`` (its usage line and the problem on
+    stderr, exit code 2)."""
+
+    def usage_check(args: argparse.Namespace) -> None:
+        problem = check(args)
+        if problem is not None:
+            parser.error(problem)
+
+    parser.set_defaults(usage_check=usage_check)
+
+
+def url_problem(url: str, shown: str | None = None) -> str | None:
+    """Why ``url`` is not an endpoint's base URL (``http(s)://host[:port]...``), or ``None``;
+    the problem names it as ``shown`` (default: ``url``)."""
+    import httpx
+
+    shown = url if shown is None else shown
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError) as e:
+        return f"{shown!r} is not a URL ({e})"
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return f"{shown!r} is not an http(s) URL"
+    if port is not None and not 0 < port < 65536:
+        return f"{shown!r} has no valid port"
+    return None
+
+
+def endpoint_url(text: str) -> str:
+    """argparse ``type=`` for an endpoint URL on the command line: refused like a line of an
+    endpoints file that is not an http(s) URL (a URL with no scheme would fail every scrape)."""
+    from fleetscope.util.redact import redact
+
+    url = text.strip()
+    # a user:password@ with no scheme is hidden too (redact knows it after a scheme)
+    shown = url if "://" in url else redact(f"http://{url}").removeprefix("http://")
+    problem = url_problem(url, redact(shown))
+    if problem is None:
+        return url
+    hint = f"; write it as http://{shown}" if "://" not in url else ""
+    raise argparse.ArgumentTypeError(redact(problem + hint))
+
+
+def role_spec(text: str) -> str:
+    """argparse ``type=`` for ``--role``: ``prefill=URL`` or ``decode=URL``, URL as in
+    :func:`endpoint_url`; returns ``text`` as given."""
+    try:
+        role, url = role_and_url(text)
+    except ValueError:
+        role, url = None, text
+    if role is None:
+        head, sep, rest = text.partition("=")
+        given = f"{head}={'URL' if rest.strip() else ''}" if sep else "a URL alone"
+        raise argparse.ArgumentTypeError(f"expected prefill=URL or decode=URL, not {given}")
+    endpoint_url(url)
+    return text
 
 
 def role_and_url(spec: str) -> tuple[Role | None, str]:
@@ -42,22 +121,38 @@ def build_sinks(args: argparse.Namespace, *, terminal: bool) -> list[Sink]:
     if args.jsonl:
         from fleetscope.sinks.jsonl import JsonlSink
 
-        sinks.append(JsonlSink(args.jsonl))
+        try:
+            sinks.append(JsonlSink(args.jsonl))
+        except OSError as e:
+            raise SystemExit(
+                f"fleetscope: cannot write --jsonl {args.jsonl}: {_reason(e)}; "
+                "give a path you can write to"
+            ) from None
     if args.wandb_project:
         from fleetscope.sinks.wandb import WandbSink
 
-        sinks.append(
-            WandbSink(
-                project=args.wandb_project,
-                entity=args.wandb_entity,
-                mode=args.wandb_mode,
-                name=args.wandb_name,
-                dir=args.wandb_dir,
-                alerts=args.wandb_alerts,
-                keys=getattr(args, "wandb_keys", "compact"),
+        try:
+            sinks.append(
+                WandbSink(
+                    project=args.wandb_project,
+                    entity=args.wandb_entity,
+                    mode=args.wandb_mode,
+                    name=args.wandb_name,
+                    dir=args.wandb_dir,
+                    alerts=args.wandb_alerts,
+                    keys=getattr(args, "wandb_keys", None) or "compact",
+                )
             )
-        )
+        except ImportError as e:  # the message names the extra: fleetscope[wandb]
+            raise SystemExit(f"fleetscope: --wandb-project: {e}") from None
     return sinks
+
+
+def _reason(e: OSError) -> str:
+    """An ``OSError`` in a few words: its message and the path it names."""
+    if e.strerror is None:
+        return str(e)
+    return f"{e.strerror} ({e.filename})" if e.filename is not None else e.strerror
 
 
 def add_sink_args(p: argparse.ArgumentParser) -> None:
@@ -70,7 +165,7 @@ def add_sink_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--wandb-keys",
         choices=["compact", "full"],
-        default="compact",
+        default=None,
         help="W&B key set: compact (default; docs/sinks.md) or full (prime-rl's pass-through, "
         "as in --jsonl)",
     )

@@ -21,18 +21,26 @@ _KINDS: weakref.WeakKeyDictionary[argparse.ArgumentParser, Subcommands] = (
 def cmd_dashboard_grafana(args: argparse.Namespace) -> int:
     from fleetscope.dashboards.grafana import dashboard_json
 
-    text = dashboard_json(
-        title=args.title,
-        uid=args.uid,
-        datasource=args.datasource,
-        metric_prefix=args.metric_prefix,
-        role_label=args.role_label,
-    )
+    try:
+        text = dashboard_json(
+            title=args.title,
+            uid=args.uid,
+            datasource=args.datasource,
+            metric_prefix=args.metric_prefix,
+            role_label=args.role_label,
+        )
+    except ImportError as e:  # the message names the extra: fleetscope[dashboards]
+        print(f"fleetscope dashboard grafana: {e}", file=sys.stderr)
+        return 1
     if args.out in (None, "-"):
         sys.stdout.write(text)
-    else:
+        return 0
+    try:
         Path(args.out).write_text(text, encoding="utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
+    except OSError as e:
+        print(f"fleetscope dashboard grafana: cannot write --out {args.out}: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fleetscope.cli._common import Subcommands
 
+from fleetscope.cli._common import positive_float
+
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from fleetscope_sim.server import cli_main
@@ -52,9 +54,10 @@ def add_demo_parsers(sub: Subcommands) -> None:
     d = sub.add_parser(
         "demo",
         help="watch a simulated fleet for ~30 s: live view, W&B offline, JSONL, one fault",
+        usage="%(prog)s [options]",
     )
-    d.add_argument("--duration", type=float, default=30.0, help="seconds (30)")
-    d.add_argument("--interval", type=float, default=2.0, help="seconds between polls (2)")
+    d.add_argument("--duration", type=positive_float, default=30.0, help="seconds (30)")
+    d.add_argument("--interval", type=positive_float, default=2.0, help="seconds between polls (2)")
     d.add_argument("--out", default="fleetscope-demo", help="output folder")
     d.add_argument("--no-wandb", action="store_true", help="skip the W&B sink")
     d.add_argument("--no-tui", action="store_true", help="print tables instead of a live view")

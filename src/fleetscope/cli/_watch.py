@@ -9,7 +9,17 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fleetscope.cli._common import add_sink_args, build_sinks, headers_from_args, role_and_url
+from fleetscope.cli._common import (
+    add_sink_args,
+    add_usage_check,
+    build_sinks,
+    endpoint_url,
+    headers_from_args,
+    positive_float,
+    role_and_url,
+    role_spec,
+    url_problem,
+)
 
 if TYPE_CHECKING:
     from fleetscope.cli._common import Subcommands
@@ -55,8 +65,6 @@ def read_endpoints_file(path: str) -> list[Endpoint]:
 def parse_endpoints_text(text: str) -> list[Endpoint]:
     """The endpoints listed in an endpoints file's text (see :func:`read_endpoints_file`);
     ``ValueError`` naming the line for anything that is not a URL."""
-    import httpx
-
     from fleetscope.sources.http.source import Endpoint
 
     eps: list[Endpoint] = []
@@ -68,15 +76,9 @@ def parse_endpoints_text(text: str) -> list[Endpoint]:
             role, url = role_and_url(line)
         except ValueError as e:
             raise ValueError(f"line {lineno}: {e}") from None
-        try:
-            parsed = httpx.URL(url)
-            port = parsed.port
-        except (httpx.InvalidURL, ValueError) as e:
-            raise ValueError(f"line {lineno}: {url!r} is not a URL ({e})") from None
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ValueError(f"line {lineno}: {url!r} is not an http(s) URL")
-        if port is not None and not 0 < port < 65536:
-            raise ValueError(f"line {lineno}: {url!r} has no valid port")
+        problem = url_problem(url)
+        if problem is not None:
+            raise ValueError(f"line {lineno}: {problem}")
         eps.append(Endpoint(url=url, role=role))
     return eps
 
@@ -250,6 +252,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 async def watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) -> int:
+    """Two polls one interval apart, printed; ``--jsonl`` and W&B get them too, then the run
+    summary (as from ``watch``)."""
     import asyncio
 
     from fleetscope.collector.core import Collector
@@ -257,6 +261,7 @@ async def watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) ->
     collector = Collector(
         endpoints,
         interval=args.interval,
+        sinks=build_sinks(args, terminal=False),
         timeout=args.timeout,
         headers=headers_from_args(args),
         verify=not args.insecure,
@@ -292,11 +297,18 @@ def add_watch_parser(sub: Subcommands) -> None:
     w = sub.add_parser(
         "watch",
         help="watch a fleet: live view, W&B, JSONL",
+        usage="%(prog)s [options] [URL ...]",
         description="Poll every endpoint's /metrics and log correct fleet statistics.",
     )
-    w.add_argument("urls", nargs="*", help="base URLs of vLLM servers (role: none)")
     w.add_argument(
-        "--role", action="append", metavar="ROLE=URL", help="prefill=URL or decode=URL (repeat)"
+        "urls", nargs="*", type=endpoint_url, help="base URLs of vLLM servers (role: none)"
+    )
+    w.add_argument(
+        "--role",
+        action="append",
+        type=role_spec,
+        metavar="ROLE=URL",
+        help="prefill=URL or decode=URL (repeat)",
     )
     w.add_argument(
         "--endpoints-file",
@@ -316,8 +328,8 @@ def add_watch_parser(sub: Subcommands) -> None:
         "when its mtime changes) and compared with each server's /weight_info "
         "(docs/rl-lifecycle.md). Write it atomically",
     )
-    w.add_argument("--interval", type=float, default=5.0, help="seconds between polls (5)")
-    w.add_argument("--timeout", type=float, default=5.0, help="per-scrape timeout (5)")
+    w.add_argument("--interval", type=positive_float, default=5.0, help="seconds between polls (5)")
+    w.add_argument("--timeout", type=positive_float, default=5.0, help="per-scrape timeout (5)")
     w.add_argument(
         "--stall-seconds",
         type=float,
@@ -344,13 +356,52 @@ def add_watch_parser(sub: Subcommands) -> None:
         help="health: an engine paused or asleep this long while no weight sync is open is "
         "engine_paused (%(default)s)",
     )
-    w.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    w.add_argument("--once", action="store_true", help="two polls one interval apart, print")
+    w.add_argument(
+        "--duration", type=positive_float, default=None, help="stop after this many seconds"
+    )
+    w.add_argument(
+        "--once",
+        action="store_true",
+        help="two polls one interval apart, print (and log them to --jsonl / W&B), exit",
+    )
     w.add_argument("--json", action="store_true", help="with --once: keys as one JSON object")
-    w.add_argument("--no-tui", action="store_true", help="no live terminal view")
+    w.add_argument(
+        "--no-tui", action="store_true", help="no live terminal view (give --jsonl or W&B)"
+    )
     w.add_argument("--schema", choices=["prime-rl", "skyrl"], default="prime-rl")
     w.add_argument("--bearer-token", default=None, help="Authorization: Bearer token")
     w.add_argument("--bearer-env", default=None, help="read the bearer token from this env var")
     w.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     add_sink_args(w)
     w.set_defaults(func=cmd_watch)
+    add_usage_check(w, _watch_usage_problem)
+
+
+#: the W&B options that only mean something with --wandb-project: (flag, dest)
+WANDB_OPTIONS = (
+    ("--wandb-entity", "wandb_entity"),
+    ("--wandb-name", "wandb_name"),
+    ("--wandb-dir", "wandb_dir"),
+    ("--wandb-alerts", "wandb_alerts"),
+    ("--wandb-keys", "wandb_keys"),
+    ("--wandb-mode", "wandb_mode"),
+)
+
+
+def _watch_usage_problem(args: argparse.Namespace) -> str | None:
+    """Options of ``watch`` that would silently do nothing together (a usage error)."""
+    if not (args.urls or args.role or args.endpoints_file):
+        return "give at least one endpoint URL (or --role ROLE=URL, or --endpoints-file FILE)"
+    if not args.wandb_project:
+        given = [flag for flag, dest in WANDB_OPTIONS if getattr(args, dest) not in (None, False)]
+        if given:
+            return f"{given[0]} needs --wandb-project PROJECT (the W&B project to log to)"
+    if args.once:
+        if args.duration is not None:
+            return "--duration does nothing with --once (two polls one --interval apart)"
+        return None
+    if args.json:
+        return "--json needs --once (to log every poll as JSON, use --jsonl FILE)"
+    if args.no_tui and not (args.jsonl or args.wandb_project):
+        return "--no-tui needs --jsonl FILE or --wandb-project PROJECT (else nothing is output)"
+    return None
