@@ -1,0 +1,1 @@
+"""Small shared helpers every stage may use: rate-limited warnings, secret redaction."""

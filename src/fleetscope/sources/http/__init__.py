@@ -1,0 +1,1 @@
+"""The HTTP source: a fast /metrics client, the endpoint set and its membership changes."""

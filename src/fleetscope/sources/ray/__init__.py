@@ -1,0 +1,1 @@
+"""The Ray source: engines behind a Ray metrics agent, told apart by their worker identity."""
