@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, VLLM_DIR
 from fleetscope.sinks.jsonl import read_jsonl
 from fleetscope_sim import FleetServer, SimFleet
+from support.paths import ROOT, VLLM_DIR
 
 DEADLINE_S = 120  # a bound on waiting for a loaded machine, not an expected time
 ENTRY_POINT = Path(sys.executable).with_name("fleetscope")
