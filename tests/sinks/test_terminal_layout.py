@@ -226,7 +226,7 @@ async def test_every_engine_has_a_state_sglang_too() -> None:
 
 
 def test_the_state_says_stalled_on_a_stalled_engine() -> None:
-    from fleetscope.sinks.terminal import _activity
+    from fleetscope.sinks._terminal_rows import _activity
 
     m = {catalog.RUNNING: 0.0, catalog.WAITING: 0.0}
     assert _activity(m, []) == "idle"
