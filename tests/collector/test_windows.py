@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -817,3 +818,35 @@ async def test_one_restart_with_an_unseen_tail_counts_once() -> None:
     got = {k.rsplit("/", 1)[1]: v for k, v in summary.items() if "/train/" in k}
     assert got["engine_restarts"] == 1
     assert got["restarts_unseen_tail"] == 1
+
+
+async def test_an_endpoint_that_never_answered_costs_coverage() -> None:
+    """An endpoint that failed every scrape (5 of 5) left window and run coverage at 1.0: the
+    engines fleetscope never saw counted as present. Each counts as one engine (the fewest it
+    can have), expected for every interval it was tried and never answered; the totals of the
+    endpoints that answered stay exact (docs/bad-data.md §7)."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = Endpoint(f"http://127.0.0.1:{s.getsockname()[1]}", "dead")
+    async with rig() as r:
+        r.endpoints.append(dead)
+        c = r.collector(timeout=5.0)
+        await c.poll()
+        t0 = r.truth()
+        train = c.window("train")
+        await train.astart()
+        await step_and_poll(r, c, n=3)
+        r.fleet.step(1.0)
+        keys = await train.astop()
+        t1 = r.truth()
+        summary = dict(c.summary())
+        await c.stop()
+    engines = sum(len(ep.engines) for ep in r.fleet.endpoints)
+    assert keys["inference/train/failed_scrapes"] == 4
+    assert window_totals(keys, "inference/train") == diff(t1, t0)  # the others: exact
+    # one unseen engine beside the fleet's, missing for (about) the window's whole length
+    share = engines / (engines + 1)
+    assert keys["inference/train/coverage"] == pytest.approx(share, abs=0.03)
+    for label in ("train", "combined"):
+        cov = summary[f"inference_summary/{label}/coverage"]
+        assert cov == pytest.approx(share, abs=0.03), label

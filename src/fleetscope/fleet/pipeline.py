@@ -51,6 +51,7 @@ class PollPipeline:
         self.syncs = WeightSyncs()
         self.states = EngineStates(config.rl_probes)  # paused / asleep engine-seconds
         self._info: dict[str, EndpointInfo] = {}
+        self._answered: set[str] = set()  # endpoints that answered at least once
         self._last_shown: float | None = None  # scrape time of the last row that showed rates
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
         # endpoint -> (engine kind, server version) as the source reported them (run summary)
@@ -82,7 +83,10 @@ class PollPipeline:
             for eid in self.state.take_evicted():
                 self.windows.evict(eid, EngineId(eid.endpoint, "evicted"))
             self.windows.attribute(
-                result.inputs, now=result.time, failed_scrapes=sum(1 for s in scrapes if not s.ok)
+                result.inputs,
+                now=result.time,
+                failed_scrapes=sum(1 for s in scrapes if not s.ok),
+                unseen=self._unseen(scrapes),
             )
             roles: dict[str, str | None] = {k: v for k, v in self.state.engine_role.items()}
             result.events = self.health.evaluate(result, roles)
@@ -126,6 +130,14 @@ class PollPipeline:
                 endpoint_roles=self.state.roles,
                 max_model_len=max_model_len or {},
             )
+
+    def _unseen(self, scrapes: list[ScrapeResult]) -> int:
+        """Endpoints this poll tried that never answered (one just added is not counted: the
+        interval before its first try was not its own)."""
+        self._answered.update(s.endpoint for s in scrapes if s.ok)
+        return sum(
+            1 for s in scrapes if not s.ok and not s.joined and s.endpoint not in self._answered
+        )
 
     def _held(self, scrapes: list[ScrapeResult], boundary: bool, row_floor: float) -> bool:
         """Whether this poll's row is held; the time of the last row shown otherwise."""

@@ -52,6 +52,9 @@ class Accumulator:
         self.failed_scrapes = 0
         self.engine_restarts = 0
         self.restarts_unseen_tail = 0  # resets whose last counts before them were unseen
+        # engine-seconds of endpoints polled that never answered: one engine each (the fewest
+        # they can have), none covered (docs/bad-data.md §7)
+        self.unseen_seconds = 0.0
         # windows: engine-seconds each engine should have covered, from boundary to boundary
         self.expected: dict[str, float] = {}
         self._open: dict[str, float] | None = None
@@ -70,9 +73,14 @@ class Accumulator:
         inputs: Iterable[EngineInput],
         *,
         failed_scrapes: int = 0,
+        unseen: int = 0,
+        elapsed: float = 0.0,
     ) -> None:
+        """One poll's deltas; ``unseen`` endpoints of the fleet never answered, for the
+        ``elapsed`` seconds since the previous poll."""
         self.polls += 1
         self.failed_scrapes += failed_scrapes
+        self.unseen_seconds += unseen * max(0.0, elapsed)
         inputs = list(inputs)
         if inputs:
             self._last_present = {inp.engine_id for inp in inputs}
@@ -135,6 +143,7 @@ class Accumulator:
         self.failed_scrapes += other.failed_scrapes
         self.engine_restarts += other.engine_restarts
         self.restarts_unseen_tail += other.restarts_unseen_tail
+        self.unseen_seconds += other.unseen_seconds
         self.active_seconds += other.active_seconds
         self.merge_engines(other)
 
@@ -234,12 +243,13 @@ class Accumulator:
         """Engine-seconds with exact deltas / engine-seconds the interval should cover."""
         engines = {e: a for e, a in self.engines.items() if a.is_engine}
         if self.expected:
-            want = sum(self.expected.values())
+            want = sum(self.expected.values()) + self.unseen_seconds
             got = sum(min(a.covered, self.expected.get(e, 0.0)) for e, a in engines.items())
             return None if want <= 0 else round(min(1.0, got / want), 12)
         # a run label: what the deltas spanned, plus the silence of engines absent from the
-        # last poll (failed, or gone without a departure); nothing lost means exactly 1.0
-        want = got = 0.0
+        # last poll (failed, or gone without a departure) and of endpoints never seen;
+        # nothing lost means exactly 1.0
+        want, got = self.unseen_seconds, 0.0
         for e, a in engines.items():
             got += a.covered
             want += a.spanned
@@ -286,6 +296,7 @@ class Accumulator:
             "failed_scrapes": self.failed_scrapes,
             "engine_restarts": self.engine_restarts,
             "restarts_unseen_tail": self.restarts_unseen_tail,
+            "unseen_seconds": self.unseen_seconds,
             "expected": [[engine_id_json(e), v] for e, v in self.expected.items()],
             "engines": engines,
         }
@@ -298,6 +309,7 @@ class Accumulator:
         acc.failed_scrapes = int(state["failed_scrapes"])
         acc.engine_restarts = int(state["engine_restarts"])
         acc.restarts_unseen_tail = int(state.get("restarts_unseen_tail", 0))
+        acc.unseen_seconds = float(state.get("unseen_seconds", 0.0))
         acc.expected = {EngineId.from_json(e): float(v) for e, v in state.get("expected", [])}
         for e in state["engines"]:
             eid, engine = engine_from_data(e)

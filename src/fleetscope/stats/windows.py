@@ -164,8 +164,10 @@ class WindowSet:
         *,
         now: float,
         failed_scrapes: int = 0,
+        unseen: int = 0,
     ) -> None:
-        """Give one poll's deltas to every active window (or to ``idle``) and to the run."""
+        """Give one poll's deltas to every active window (or to ``idle``) and to the run;
+        ``unseen``: endpoints tried this poll that never answered (docs/bad-data.md §7)."""
         prev = self.last_attributed_time
         self.last_attributed_time = now
         resume = now if self._resume_from is None else self._resume_from
@@ -176,14 +178,18 @@ class WindowSet:
         self._resume_at_next_poll = set()
         self._resume_from = None
         elapsed = 0.0 if prev is None else max(0.0, now - prev)
-        self.run[COMBINED].add(inputs, failed_scrapes=failed_scrapes)
+
+        def add(acc: Accumulator) -> None:
+            acc.add(inputs, failed_scrapes=failed_scrapes, unseen=unseen, elapsed=elapsed)
+
+        add(self.run[COMBINED])
         self.run[COMBINED].add_seconds(elapsed)
         if self.active:
             for w in self.active.values():
-                w.acc.add(inputs, failed_scrapes=failed_scrapes)
+                add(w.acc)
         else:
             idle = self.run.setdefault(IDLE, Accumulator(IDLE))
-            idle.add(inputs, failed_scrapes=failed_scrapes)
+            add(idle)
             idle.add_seconds(elapsed)
 
     # ------------------------------------------------------------------ persistence
