@@ -222,3 +222,44 @@ def test_background_collector_in_process_mode() -> None:
         finally:
             c.stop_background()
     asyncio.set_event_loop(None)
+
+
+@pytest.mark.parametrize("in_window", [False, True])
+async def test_a_killed_child_costs_coverage_in_the_run_labels_too(in_window: bool) -> None:
+    """A killed child restarts from the last state the trainer holds; what happened between
+    that state and the new child's first scrape was never seen. The window said so, but
+    ``combined`` (and ``idle``, when the death was outside a window) said 1.0 with 41 % of
+    the tokens missing. Every label whose time the gap was says it is missing; ``idle`` does
+    not take a gap that happened inside a window (docs/bad-data.md §7)."""
+    fleet = SimFleet.build(2, dp=2, seed=5)
+    fleet.step(5.0)
+    with FleetServer(fleet) as server:
+        c = Collector(server.urls, interval=3600, isolation="process")
+        await c.wait_ready()
+        await c.poll()
+        fleet.step(1.0)
+        await c.poll()  # idle: counted, coverage 1.0 so far
+        w = c.window("train")
+        if in_window:
+            await w.astart()
+        first = c.backend.link._child
+        assert first is not None
+        fleet.step(1.0)
+        await c.poll()
+        c.backend.link.kill()
+        _wait(lambda: not first.alive, "the child to die")
+        fleet.step(1.0)
+        await c.poll()  # a new child: fresh baselines, the gap unseen
+        fleet.step(1.0)
+        await c.poll()
+        if in_window:
+            await w.astop()
+        summary = dict(c.summary())
+        await c.stop()
+    assert summary["inference_summary/combined/coverage"] < 1.0
+    idle = summary["inference_summary/idle/coverage"]
+    if in_window:
+        assert summary["inference_summary/train/coverage"] < 1.0
+        assert idle == 1.0  # the gap was the window's
+    else:
+        assert idle < 1.0

@@ -67,6 +67,10 @@ class Accumulator:
         self._last_present: set[str] = set()
         self._last_poll_time = 0.0
         self.departed: set[str] = set()
+        # a run label continued by a restarted isolation child: the engines it knew, each
+        # unseen from the saved poll until the new child's first scrape of it
+        self._gap_from = 0.0
+        self._gap_pending: set[str] = set()
 
     def add(
         self,
@@ -107,6 +111,9 @@ class Accumulator:
             else:
                 acc.realign(d.layout)
                 acc.current = d.current
+                if inp.engine_id in self._gap_pending:
+                    self._gap_pending.discard(inp.engine_id)
+                    acc.spanned += max(0.0, d.current.time - self._gap_from)  # not covered
             if d.baseline_only:
                 continue
             if (
@@ -133,6 +140,16 @@ class Accumulator:
             pending.add(inp.engine_id)
         for layout, rows in by_layout.items():
             _add_rows(layout, rows)
+
+    def continue_after(self, saved_at: float | None) -> None:
+        """The same run goes on from a state saved at ``saved_at`` (this machine's monotonic
+        clock) by a process that died since: each engine known here is expected from then on,
+        and its time until its next scrape was not observed (its new baseline). ``None``: no
+        gap is this label's."""
+        self._gap_from = saved_at or 0.0
+        self._gap_pending = set()
+        if saved_at is not None:
+            self._gap_pending = {e for e, a in self.engines.items() if a.is_engine}
 
     def add_seconds(self, seconds: float) -> None:
         self.active_seconds += max(0.0, seconds)
