@@ -359,15 +359,18 @@ def _add_sum(acc: EngineSum, o: EngineSum) -> None:
 
 
 def _add_rows(layout: EngineLayout, rows: list[tuple[EngineDelta, EngineSum]]) -> None:
-    """Add one poll's deltas of engines of one layout to their sums: unknown increases stay
-    unknown (NaN) in cumulative slots, other slots add nothing; gauges add value x seconds,
-    seconds and their peak where the value is known."""
+    """Add one poll's deltas of engines of one layout to their sums. An unknown increase (a
+    series invalid on its first scrape, a type change) adds nothing, and its engine's interval
+    counts as not observed: the sums keep every known increase, coverage says what was not
+    (docs/bad-data.md §7). Gauges add value x seconds, seconds and their peak where known."""
     inc = np.stack([d.delta for d, _ in rows])
     unknown = np.isnan(inc)
-    unknown[:, layout.cumulative] = False
+    lost = unknown[:, layout.cumulative].any(axis=1)
     inc[unknown] = 0.0
-    for (_, acc), row in zip(rows, inc, strict=True):
+    for (d, acc), row, gone in zip(rows, inc, lost, strict=True):
         acc.delta = acc.delta + row
+        if gone:
+            acc.covered -= d.observed_seconds
     gslots = layout.gauge_slots
     if not len(gslots):
         return
