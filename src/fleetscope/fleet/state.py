@@ -377,7 +377,9 @@ class FleetState:
 
 
 _INSTANT_KINDS = frozenset({"gauge", "total", "const"})
-_INTERVAL_STATS = frozenset({"p50", "p90", "p99", "delta", "pooled"})
+_INTERVAL_STATS = frozenset(
+    {"p50", "p90", "p99", "p50_clamped", "p90_clamped", "p99_clamped", "delta", "pooled"}
+)
 
 
 def instant_view(stats: PollStats) -> PollStats:

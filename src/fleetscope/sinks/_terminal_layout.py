@@ -59,6 +59,13 @@ def fmt_seconds(v: float | None) -> str:
     return f"{v:.0f}" if abs(v) < 99999.5 else _si(v)
 
 
+def fmt_quantile(per: Mapping[str, float], q: str) -> str:
+    """A quantile in seconds; ``≥`` before it when its rank fell in ``+Inf`` (``{q}_clamped``):
+    the figure is the highest finite bound, a floor of the true value."""
+    text = fmt_seconds(per.get(q))
+    return "≥" + text if per.get(q + "_clamped") else text
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     """A column of the engine table: its header (``short`` on a narrow terminal), its rank (the
@@ -275,7 +282,8 @@ def poll_line(title: str, result: PollResult, rows: list[EngineRow]) -> str:
     )
     run, wait = fmt_count(stat(catalog.RUNNING, "sum")), fmt_count(stat(catalog.WAITING, "sum"))
     kv, kv_max = fmt_share(stat(catalog.KV_USAGE, "mean")), fmt_share(stat(catalog.KV_USAGE, "max"))
-    p50, p99 = fmt_seconds(stat(catalog.TTFT, "p50")), fmt_seconds(stat(catalog.TTFT, "p99"))
+    ttft = am.get(catalog.TTFT, {})
+    p50, p99 = fmt_quantile(ttft, "p50"), fmt_quantile(ttft, "p99")
     return "  ".join(
         (
             f"{title}  poll {result.step}",

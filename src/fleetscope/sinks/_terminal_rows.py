@@ -207,7 +207,9 @@ SUMMARY_HEADLINES: frozenset[tuple[str, str]] = frozenset(
         (catalog.PROMPT_RATE, "sum"),
         (catalog.PREFIX_HIT_RATE, "pooled"),
         (catalog.TTFT, "p90"),
+        (catalog.TTFT, "p90_clamped"),
         (catalog.TPOT, "p90"),
+        (catalog.TPOT, "p90_clamped"),
     }
 )
 

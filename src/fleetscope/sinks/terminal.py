@@ -18,6 +18,7 @@ from fleetscope.sinks._terminal_layout import (
     engine_table,
     fit_rows,
     fmt_count,
+    fmt_quantile,
     fmt_rate,
     fmt_seconds,
     layout,
@@ -118,7 +119,7 @@ class TerminalSink:
             (f"gen {fmt_rate(stat(catalog.GENERATION_RATE, 'sum'))} tok/s", ""),
             (f"prompt {fmt_rate(stat(catalog.PROMPT_RATE, 'sum'))} tok/s", ""),
             (f"hit {num(stat(catalog.PREFIX_HIT_RATE, 'pooled'), '{:.1%}')}", ""),
-            (f"TTFT p90 {fmt_seconds(stat(catalog.TTFT, 'p90'))} s", ""),
+            (f"TTFT p90 {fmt_quantile(am.get(catalog.TTFT, {}), 'p90')} s", ""),
             (f"{sick} sick", "bold red") if sick else ("all healthy", "green"),
         ]
         held = sum(1 for r in rows if r.state in ("PAUSED", "ASLEEP"))

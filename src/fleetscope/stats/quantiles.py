@@ -83,25 +83,34 @@ def bucket_quantile(
     q: float, bounds: Sequence[float], counts: Sequence[float] | np.ndarray
 ) -> float:
     """The q-quantile of cumulative ``counts`` at upper ``bounds`` (PromQL semantics)."""
+    return quantile_and_clamp(q, bounds, counts)[0]
+
+
+def quantile_and_clamp(
+    q: float, bounds: Sequence[float], counts: Sequence[float] | np.ndarray
+) -> tuple[float, bool]:
+    """:func:`bucket_quantile`, and whether its rank fell in the ``+Inf`` bucket: the value is
+    then the highest finite bound, a floor of the true quantile (a *clamped* tail)."""
     if math.isnan(q):
-        return math.nan
+        return math.nan, False
     if q < 0:
-        return -math.inf
+        return -math.inf, False
     if q > 1:
-        return math.inf
+        return math.inf, False
     if not len(bounds):
-        return math.nan
+        return math.nan, False
     pairs = sorted(zip((float(b) for b in bounds), (float(c) for c in counts), strict=True))
     if not math.isinf(pairs[-1][0]) or pairs[-1][0] < 0:
-        return math.nan
+        return math.nan, False
     merged = _coalesced(pairs)
     _correct_counts(merged)
     if len(merged) < 2:
-        return math.nan
+        return math.nan, False
     observations = merged[-1][1]
     if observations == 0 or math.isnan(observations):
-        return math.nan
-    return _interpolated(merged, q * observations)
+        return math.nan, False
+    rank = q * observations
+    return _interpolated(merged, rank), merged[-2][1] < rank
 
 
 def shared_bounds(layouts: Iterable[Sequence[float]]) -> tuple[float, ...]:

@@ -28,9 +28,10 @@ from fleetscope.catalog import (
 from fleetscope.identity import Role
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.plans import HistogramSpec, Plan, engine_matrix, metric_name, plan_for
-from fleetscope.stats.quantiles import bucket_quantile, pool_buckets
+from fleetscope.stats.quantiles import pool_buckets, quantile_and_clamp
 
 __all__ = [
+    "CLAMPED",
     "POOLED_BOUNDS",
     "QUANTILES",
     "STATS",
@@ -51,6 +52,9 @@ __all__ = [
 
 STATS: tuple[str, ...] = ("min", "max", "sum", "mean", "median")
 QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+#: beside a quantile whose rank fell in ``+Inf`` (``p99_clamped``: 1.0): its value is the
+#: highest finite bound, a floor of the true quantile
+CLAMPED = "_clamped"
 #: per scope and histogram, next to the quantiles: finite bounds of the pooled bucket layout
 POOLED_BOUNDS = "pooled_bounds"
 
@@ -399,16 +403,21 @@ def _reduce_scope(
         if m:
             metrics.setdefault(name, {}).update(m)
     for name, pooled_parts in hist_sums.items():
-        if not pooled_parts:
-            continue
-        b, c = pool_buckets(pooled_parts)
-        m = metrics.setdefault(name, {})
-        for label, q in QUANTILES.items():
-            v = bucket_quantile(q, b, c)
-            if not math.isnan(v):
-                m[label] = v
-        if any(label in m for label in QUANTILES):
-            # how coarse the pooled layout was (the intersection of the scope's layouts): a
-            # p90 from 6 shared bounds is not a fine one
-            m[POOLED_BOUNDS] = float(sum(1 for x in b if math.isfinite(x)))
+        if pooled_parts:
+            _quantiles(metrics.setdefault(name, {}), pooled_parts)
     return stats
+
+
+def _quantiles(m: dict[str, float], parts: list[tuple[tuple[float, ...], np.ndarray]]) -> None:
+    """A scope's quantiles of one histogram, pooled over its engines' bucket deltas."""
+    b, c = pool_buckets(parts)
+    for label, q in QUANTILES.items():
+        v, clamped = quantile_and_clamp(q, b, c)
+        if not math.isnan(v):
+            m[label] = v
+            if clamped:  # the highest finite bound: a floor, not the value (rules §3.5)
+                m[label + CLAMPED] = 1.0
+    if any(label in m for label in QUANTILES):
+        # how coarse the pooled layout was (the intersection of the scope's layouts): a
+        # p90 from 6 shared bounds is not a fine one
+        m[POOLED_BOUNDS] = float(sum(1 for x in b if math.isfinite(x)))
