@@ -13,17 +13,22 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+import fleetscope
 from fleetscope import Collector
 from fleetscope.collector.inline import InlineBackend
 from fleetscope.collector.process import ProcessBackend
 from fleetscope_sim import FleetServer, SimFleet
 
 GEN = "generation_tokens_total"
+T = TypeVar("T")
 
 
 def _alive(pid: int) -> bool:
@@ -41,6 +46,37 @@ def _wait(predicate, what: str, timeout: float = 120.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _env() -> dict[str, str]:
+    """A trainer subprocess's environment: it imports the fleetscope under test (a relative or
+    absent PYTHONPATH would find another one from its own working directory)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fleetscope.__file__)))
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
+    }
+
+
+def _in_a_thread_that_exits(fn: Callable[[], T]) -> T:
+    """``fn()`` run in a helper thread, returned once that thread is gone from the kernel too
+    (``join()`` returns before the OS thread has exited)."""
+    out: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # pragma: no cover - re-raised below
+            errors.append(e)
+
+    t = threading.Thread(target=run, name="short-lived")
+    t.start()
+    t.join(120)
+    _wait(lambda: not os.path.exists(f"/proc/self/task/{t.native_id}"), "the thread to exit")
+    if errors:
+        raise errors[0]
+    return out[0]
 
 
 def test_isolation_modes_are_chosen_by_option_and_fleet_size() -> None:
@@ -102,8 +138,66 @@ async def test_a_killed_child_is_restarted_with_its_state_and_the_window_continu
     assert keys["inference/train/coverage"] < 1.0  # the unseen step is not hidden
 
 
+async def test_a_child_spawned_from_a_helper_thread_outlives_that_thread() -> None:
+    """A collector built in a helper thread that then exits: its child lives on, and the main
+    thread polls through it (PR_SET_PDEATHSIG killed it with the thread that started it)."""
+    fleet = SimFleet.build(1, dp=2, seed=7)
+    fleet.step(2.0)
+    with FleetServer(fleet) as server:
+
+        def build() -> Collector:
+            c = Collector(server.urls, interval=3600, isolation="process")
+            assert isinstance(c.backend, ProcessBackend)
+            c.backend.link.call("ping").result(120)  # the child is up, its lifetime rule set
+            return c
+
+        c = _in_a_thread_that_exits(build)
+        assert isinstance(c.backend, ProcessBackend)
+        child = c.backend.link._child
+        assert child is not None
+        try:
+            for _ in range(2):
+                fleet.step(1.0)
+                view = await c.poll()
+            assert c.backend.link._child is child and _alive(child.proc.pid)
+            assert view.keys["inference/collector/child_restarts_total"] == 0.0
+            assert view.endpoints_reporting == 1
+        finally:
+            await c.stop()
+
+
+async def test_a_child_restarted_from_a_short_lived_thread_outlives_that_thread() -> None:
+    """The child dies; a ``summary()`` from a thread that then exits restarts it; the restarted
+    child lives on (it died with that thread)."""
+    fleet = SimFleet.build(1, dp=2, seed=8)
+    fleet.step(2.0)
+    with FleetServer(fleet) as server:
+        c = Collector(server.urls, interval=3600, isolation="process")
+        assert isinstance(c.backend, ProcessBackend)
+        link = c.backend.link
+        try:
+            await c.wait_ready()
+            await c.poll()
+            first = link._child
+            assert first is not None
+            link.kill()
+            _wait(lambda: not first.alive, "the child to die")
+            summary = _in_a_thread_that_exits(c.summary)  # restarts it from that thread
+            second = link._child
+            assert summary and second is not None and second is not first
+            assert link.restarts == 1
+            for _ in range(2):
+                fleet.step(1.0)
+                view = await c.poll()
+            assert link._child is second and _alive(second.proc.pid)
+            assert view.keys["inference/collector/child_restarts_total"] == 1.0
+        finally:
+            await c.stop()
+
+
 def test_the_child_never_outlives_the_trainer(tmp_path: Path) -> None:
-    """SIGKILL the trainer: the kernel kills the child (PR_SET_PDEATHSIG)."""
+    """SIGKILL the trainer: the child exits (it watches the trainer's process; its connection
+    closes too)."""
     fleet = SimFleet.build(1, seed=1)
     fleet.step(2.0)
     with FleetServer(fleet) as server:
@@ -121,7 +215,11 @@ def test_the_child_never_outlives_the_trainer(tmp_path: Path) -> None:
             """
         )
         trainer = subprocess.Popen(
-            [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=_env(),
         )
         try:
             assert trainer.stdout is not None
@@ -135,6 +233,113 @@ def test_the_child_never_outlives_the_trainer(tmp_path: Path) -> None:
                 trainer.kill()
                 trainer.wait(30)
             trainer.stdout.close()
+
+
+def test_the_child_dies_with_the_trainer_whatever_thread_started_it_and_whoever_holds_its_link(
+    tmp_path: Path,
+) -> None:
+    """A trainer whose collector was built in a helper thread (gone since), and which forked a
+    worker (a DataLoader's) that keeps the child's connection open: the child lives as long as
+    the trainer, and exits when the trainer is SIGKILLed although its connection stays open."""
+    fleet = SimFleet.build(1, seed=9)
+    fleet.step(2.0)
+    with FleetServer(fleet) as server:
+        script = textwrap.dedent(
+            f"""
+            import os, threading, time
+            from fleetscope import Collector
+            box = []
+            def build():
+                c = Collector([{server.urls[0]!r}], interval=3600, isolation="process")
+                c.backend.link.call("ping").result(120)
+                box.append(c)
+            t = threading.Thread(target=build)
+            t.start()
+            t.join()
+            deadline = time.monotonic() + 120
+            while os.path.exists(f"/proc/self/task/{{t.native_id}}"):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            c = box[0]
+            c.summary()  # from the main thread: restarts the child if it died with the thread
+            link = c.backend.link
+            worker = os.fork()
+            if worker == 0:  # holds the trainer's end of the child's connection, for a while
+                time.sleep(300)
+                os._exit(0)
+            print(link._child.proc.pid, link.restarts, worker, flush=True)
+            time.sleep(3600)
+            """
+        )
+        trainer = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=_env(),
+        )
+        worker = 0
+        try:
+            assert trainer.stdout is not None
+            child, restarts, worker = map(int, trainer.stdout.readline().split())
+            assert restarts == 0 and _alive(child)
+            os.kill(trainer.pid, signal.SIGKILL)
+            trainer.wait(30)
+            _wait(lambda: not _alive(child), "the orphaned child to die", timeout=60)
+            assert _alive(worker)  # the connection was open all along: the child saw the death
+        finally:
+            if worker:
+                os.kill(worker, signal.SIGKILL)
+            if trainer.poll() is None:
+                trainer.kill()
+                trainer.wait(30)
+            trainer.stdout.close()
+
+
+@pytest.mark.parametrize("watch", ["pidfd", "parent-pid"])
+def test_a_child_watching_its_parent_exits_when_that_process_dies(
+    watch: str, tmp_path: Path
+) -> None:
+    """``exit_with_parent`` alone, no connection: the kernel's pidfd, and where there is none the
+    parent-pid check."""
+    no_pidfd = "del os.pidfd_open" if watch == "parent-pid" else ""
+    child_code = (
+        f"import os, sys, time\n{no_pidfd}\n"
+        "from fleetscope.collector.child import exit_with_parent\n"
+        "exit_with_parent(int(sys.argv[1]))\n"
+        "print('watching', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    script = textwrap.dedent(
+        f"""
+        import os, subprocess, sys, time
+        child = subprocess.Popen(
+            [sys.executable, "-c", {child_code!r}, str(os.getpid())],
+            stdout=subprocess.PIPE, text=True,
+        )
+        assert child.stdout.readline().strip() == "watching"
+        print(child.pid, flush=True)
+        time.sleep(3600)
+        """
+    )
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=tmp_path, env=_env()
+    )
+    child = 0
+    try:
+        assert trainer.stdout is not None
+        child = int(trainer.stdout.readline())
+        assert _alive(child)
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait(30)
+        _wait(lambda: not _alive(child), "the orphaned child to die", timeout=60)
+    finally:
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait(30)
+        trainer.stdout.close()
 
 
 def test_sigint_to_the_process_group_still_gives_the_run_summary(tmp_path: Path) -> None:
@@ -168,6 +373,7 @@ def test_sigint_to_the_process_group_still_gives_the_run_summary(tmp_path: Path)
             stdout=subprocess.PIPE,
             text=True,
             cwd=tmp_path,
+            env=_env(),
             start_new_session=True,
         )
         try:

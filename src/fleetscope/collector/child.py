@@ -8,21 +8,22 @@ and a light :class:`~fleetscope.fleet.view.FleetView`: no raw bodies, deltas or 
 and the child's state as opaque bytes, which the trainer keeps to restart it from. Warnings are
 sent to the trainer's ``fleetscope`` logger.
 
-It never outlives the trainer: the kernel kills it when the trainer dies (PR_SET_PDEATHSIG), and
-it exits when its connection closes. SIGINT and SIGTERM sent to the trainer's process group are
-ignored: the trainer's own shutdown takes the last poll and the summary through it.
+It lives exactly as long as the trainer's process, whatever thread started it: it watches that
+process (:func:`exit_with_parent`) and exits when it dies, and it exits when its connection
+closes. SIGINT and SIGTERM sent to the trainer's process group are ignored: the trainer's own
+shutdown takes the last poll and the summary through it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import logging
 import math
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -37,7 +38,9 @@ from fleetscope.fleet.state import PollResult
 from fleetscope.fleet.view import FleetView
 from fleetscope.sources.base import Endpoint, MembershipSource
 
-_PR_SET_PDEATHSIG = 1
+# how often the child checks that the trainer is alive where the kernel cannot tell it at once
+# (no pidfd): the most it outlives the trainer there
+PARENT_CHECK = 0.5
 # how often a regular poll's reply carries the child's state (boundaries always do): the state
 # is megabytes at hundreds of engines, and a restart from a state this old only widens the
 # unseen gap, which coverage reports
@@ -216,17 +219,43 @@ async def serve(conn: Connection, init: dict[str, Any]) -> None:
         await asyncio.wait_for(collector.backend.aclose(collector.run_status), timeout=5)
 
 
-def _die_with_parent(parent: int) -> None:
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the trainer died before prctl took effect
+def exit_with_parent(parent: int) -> None:
+    """Exit as soon as the process ``parent`` (the trainer) has died: a daemon thread watches it.
+
+    Not PR_SET_PDEATHSIG: it fires when the *thread* that started the child exits, not its
+    process, so a collector built in a helper thread, or a child restarted by a call from a
+    short-lived thread, died with that thread. Nor PDEATHSIG from one long-lived spawner thread
+    in the trainer: a thread more in every trainer, kept alive for the child's sake, each restart
+    a hand-off to it, Linux only. The connection's end alone is not enough either: a worker the
+    trainer forked (a DataLoader's) holds it open after the trainer is gone. So the child watches
+    the trainer's process itself: a pidfd (Linux >= 5.3) becomes readable the moment the whole
+    process has exited; without one (older kernels, seccomp, macOS), the parent pid changes when
+    the trainer dies (the child is reparented), checked every :data:`PARENT_CHECK` seconds.
+    """
+    poller: select.poll | None = None
+    if sys.platform == "linux":
+        with contextlib.suppress(AttributeError, OSError):
+            pidfd = os.pidfd_open(parent)
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+    # checked after the pidfd is open: the trainer died before (its pid may even be reused)
+    if os.getppid() != parent:
         os._exit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            if poller is None:
+                time.sleep(PARENT_CHECK)
+            elif poller.poll(PARENT_CHECK * 1000):
+                break
+        os._exit(0)  # nothing to save: the trainer, who kept the state, is gone
+
+    threading.Thread(target=watch, name="fleetscope-child-parent", daemon=True).start()
 
 
 def main() -> None:
     fd, parent = int(sys.argv[1]), int(sys.argv[2])
-    _die_with_parent(parent)
+    exit_with_parent(parent)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     conn = Connection(fd)

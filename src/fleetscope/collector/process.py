@@ -17,8 +17,9 @@ trainer keeps without decoding. If the child dies (or stops answering within
 policy version, the command in flight is sent again once, and the trainer is told: a warning
 and ``{prefix}/collector/child_restarts_total``. Open windows continue from the saved poll:
 what happened since (counted by the dead child, or before the new one's fresh baselines) is not
-in their sums, and their coverage says so. The child never outlives the trainer
-(PR_SET_PDEATHSIG; it also exits when its connection closes).
+in their sums, and their coverage says so. The child lives exactly as long as the trainer's
+process, whatever thread started or restarted it: it watches that process and exits when it
+dies (:func:`fleetscope.collector.child.exit_with_parent`), and when its connection closes.
 """
 
 from __future__ import annotations
