@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_poll import Server, Ticker, ticker_idle
+from bench_poll import Servers, Ticker, ticker_idle
 
 from fleetscope.exposition import MAX_BODY_BYTES
 from fleetscope.sources.http.client import (
@@ -165,7 +165,7 @@ async def one_round(
 async def run(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fleetscope-bench-http-"))
     t = time.perf_counter()
-    server = Server(args.endpoints, 1, args.seed, tmp / "server.log")
+    server = Servers(args.endpoints, 1, args.seed, 1, tmp)  # one server process
     metrics = [u.rstrip("/") + "/metrics" for u in server.urls]
     print(
         f"server process: {args.endpoints} endpoints on loopback, up in "
@@ -189,7 +189,8 @@ async def run(args: argparse.Namespace) -> None:
     body_bytes = 0
     sample = b""
     try:
-        idle_cpu, idle_gap = await ticker_idle(ticker)
+        # the ticker's CPU share of a core (subtracted per second of wall) and its longest gap
+        _, idle_cpu, idle_gap = await ticker_idle(ticker)
         for name, (fetch, wait_for) in clients.items():  # warm-up: open the connections
             ok, body_bytes = await one_round(fetch, metrics, args.concurrency, wait_for)
             assert ok == len(metrics), f"{name}: {ok} of {len(metrics)} fetched"

@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,7 +37,7 @@ BODIES = ("single_after.prom", "dp2_load.prom")
 TARGET_RATIO = 20.0
 
 
-def per_call(fn, runs: int, min_batch_seconds: float = 0.05) -> list[float]:
+def per_call(fn: Callable[[], object], runs: int, min_batch_seconds: float = 0.05) -> list[float]:
     """Seconds per call of ``fn()``, one figure per run (each run a calibrated batch)."""
     fn()
     n = 1
@@ -47,7 +48,7 @@ def per_call(fn, runs: int, min_batch_seconds: float = 0.05) -> list[float]:
         if time.perf_counter() - t >= min_batch_seconds:
             break
         n *= 2
-    out = []
+    out: list[float] = []
     for _ in range(runs):
         gc.collect()
         t = time.perf_counter()
@@ -57,8 +58,12 @@ def per_call(fn, runs: int, min_batch_seconds: float = 0.05) -> list[float]:
     return out
 
 
-def client_grouped(text: str) -> dict:
-    by_engine: dict[str | None, dict] = defaultdict(dict)
+# (sample name, sorted labels) -> value
+SampleValues = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def client_grouped(text: str) -> dict[str | None, SampleValues]:
+    by_engine: dict[str | None, SampleValues] = defaultdict(dict)
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             by_engine[s.labels.get("engine")][(s.name, tuple(sorted(s.labels.items())))] = s.value
@@ -75,7 +80,7 @@ def fmt(seconds: float) -> str:
     return f"{seconds * 1e6:8.1f} us"
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=9, help="runs per measurement (>= 7)")
     args = ap.parse_args(argv)

@@ -26,13 +26,17 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from fleetscope.exposition import Parser
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.exposition import Exposition, Parser
+from fleetscope.exposition.snapshot import EngineSnapshot
+from fleetscope.fleet.state import FleetState
+from fleetscope.identity import Role
 from fleetscope.keys import KeyOptions, poll_keys
+from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.baselines import Baselines
 from fleetscope.stats.reduce import EngineInput, reduce_poll
 
@@ -49,19 +53,20 @@ def make_bodies(n_endpoints: int, seed: int = 0) -> list[tuple[bytes, bytes]]:
     text = (FIXTURES / "vllm-0.32.0-cpu" / "dp2_load.prom").read_text()
     lines = text.split("\n")
     rng = np.random.default_rng(seed)
-    parsed = []
+    parsed: list[tuple[str, float | None, int]] = []  # (line head, value or None, engine)
     for ln in lines:
         if ln and ln[0] != "#":
-            head, _, v = ln.rpartition(" ")
+            head, _, value = ln.rpartition(" ")
             eng = 1 if 'engine="1"' in head else 0
-            parsed.append((head, float(v), eng))
+            parsed.append((head, float(value), eng))
         else:
             parsed.append((ln, None, 0))
-    out = []
+    out: list[tuple[bytes, bytes]] = []
     for _ in range(n_endpoints):
         scale = rng.uniform(1.0, 3.0, size=2)
         grow = rng.uniform(1.05, 1.5, size=2)
-        prev, cur = [], []
+        prev: list[str] = []
+        cur: list[str] = []
         for head, v, eng in parsed:
             if v is None:
                 prev.append(head)
@@ -74,11 +79,11 @@ def make_bodies(n_endpoints: int, seed: int = 0) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def role_of(i: int) -> str:
+def role_of(i: int) -> Role:
     return "prefill" if i % 4 == 0 else "decode"
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--endpoints", type=int, default=512)
@@ -130,7 +135,7 @@ def main(argv=None) -> int:
         f"shape, templates are shared) + 2 polls: {setup:.1f} s (under tracemalloc)"
     )
 
-    def rows(expos):
+    def rows(expos: list[Exposition]) -> Iterator[tuple[str, EngineSnapshot, bool, Role]]:
         for name, role, expo in zip(names, roles, expos, strict=True):
             for label, snap in expo.items():
                 yield f"{name}.{label}", snap, True, role

@@ -38,7 +38,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetscope.collector.core import Collector
 
 HERE = Path(__file__).resolve()
 SERVER_CODE = """
@@ -109,11 +114,15 @@ def _self_usage() -> tuple[float, float]:
     return ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
 
 
-async def _poll_grid(collector, polls: int, interval: float, usage) -> dict:
+async def _poll_grid(
+    collector: Collector, polls: int, interval: float, usage: Callable[[], float]
+) -> dict[str, Any]:
     """Poll on a fixed grid; CPU is measured around polls 2..N (steady state)."""
-    walls, keys, engines = [], [], []
+    walls: list[float] = []
+    keys: list[int] = []
+    engines: list[float] = []
     start = time.monotonic()
-    cpu_first = None
+    cpu_first: float | None = None
     for k in range(polls):
         await asyncio.sleep(max(0.0, start + k * interval - time.monotonic()))
         if k == 1:
@@ -125,6 +134,7 @@ async def _poll_grid(collector, polls: int, interval: float, usage) -> dict:
         engines.append(view.keys.get("inference/agg/engines_reporting", 0.0))
         reporting = view.endpoints_reporting
     cpu_end = usage()
+    assert cpu_first is not None  # taken before poll 2 (polls >= 2)
     steady = walls[1:]
     return {
         "first_poll_s": walls[0],
@@ -137,10 +147,11 @@ async def _poll_grid(collector, polls: int, interval: float, usage) -> dict:
     }
 
 
-def run_single(urls: list[str], engines: int, polls: int, interval: float) -> dict:
+def run_single(urls: list[str], engines: int, polls: int, interval: float) -> dict[str, Any]:
     from fleetscope.collector.core import Collector
+    from fleetscope.sources.http.source import HttpSource
 
-    async def main() -> dict:
+    async def main() -> dict[str, Any]:
         c = Collector(
             urls,
             interval=interval,
@@ -152,7 +163,9 @@ def run_single(urls: list[str], engines: int, polls: int, interval: float) -> di
             out = await _poll_grid(c, polls, interval, lambda: _self_usage()[0])
             # full parses in all (the first poll needs one per body shape; later ones, when
             # a body's series changed); the rest took a template's fast path
-            parsers = c.source._parsers.values()
+            source = c.source
+            assert isinstance(source, HttpSource)  # isolation="inline" over URLs
+            parsers = source._parsers.values()
             out["full_parses"] = sum(p.full_parses for p in parsers)
             out["fast_parses"] = sum(p.fast_hits for p in parsers)
         finally:
@@ -165,7 +178,9 @@ def run_single(urls: list[str], engines: int, polls: int, interval: float) -> di
     return out
 
 
-def run_sharded(urls: list[str], engines: int, polls: int, interval: float, shards: list[int]):
+def run_sharded(
+    urls: list[str], engines: int, polls: int, interval: float, shards: list[int]
+) -> list[dict[str, Any]]:
     import ray
 
     from fleetscope.collector.sharded import ShardedCollector
@@ -176,20 +191,21 @@ def run_sharded(urls: list[str], engines: int, polls: int, interval: float, shar
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
     init_s = time.monotonic() - t0
 
-    def actor_usage(actor) -> tuple[float, float]:
-        def usage(_self):
+    def actor_usage(actor: Any) -> tuple[float, float]:
+        def usage(_self: Any) -> tuple[float, float]:
             import resource as r
 
             ru = r.getrusage(r.RUSAGE_SELF)
             return ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
 
-        return ray.get(actor.__ray_call__.remote(usage), timeout=60)
+        got: tuple[float, float] = ray.get(actor.__ray_call__.remote(usage), timeout=60)
+        return got
 
-    results = []
+    results: list[dict[str, Any]] = []
     try:
         for n in shards:
 
-            async def main(n: int = n) -> dict:
+            async def main(n: int = n) -> dict[str, Any]:
                 c = ShardedCollector(urls, shards=n, interval=interval)
                 base = [actor_usage(a)[0] for a in c.shards]  # actor start-up not counted
 
@@ -218,6 +234,7 @@ def run_sharded(urls: list[str], engines: int, polls: int, interval: float, shar
 def child_main(args: argparse.Namespace) -> None:
     urls = json.loads(Path(args.urls_file).read_text())
     engines = args.engines
+    out: dict[str, Any] | list[dict[str, Any]]
     if args.child == "single":
         out = run_single(urls, engines, args.polls, args.interval)
     else:
@@ -225,7 +242,14 @@ def child_main(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def run_child(mode: str, urls: list[str], engines: int, args, shard_counts=(), fleet=None):
+def run_child(
+    mode: str,
+    urls: list[str],
+    engines: int,
+    args: argparse.Namespace,
+    shard_counts: Sequence[int] = (),
+    fleet: FleetProcess | None = None,
+) -> list[dict[str, Any]]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(urls, f)
     cmd = [
@@ -252,8 +276,8 @@ def run_child(mode: str, urls: list[str], engines: int, args, shard_counts=(), f
     server = (fleet.cpu_seconds() - cpu0) / (time.monotonic() - t0) if fleet else float("nan")
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            out = json.loads(line[7:])
-            out = out if isinstance(out, list) else [out]
+            got = json.loads(line[7:])
+            out: list[dict[str, Any]] = got if isinstance(got, list) else [got]
             for r in out:
                 r["server_util"] = server  # the simulated fleet's share of a core meanwhile
             return out
@@ -263,7 +287,7 @@ def run_child(mode: str, urls: list[str], engines: int, args, shard_counts=(), f
 # ----------------------------------------------------------------------------- report
 
 
-def _row(label: str, r: dict, interval: float) -> str:
+def _row(label: str, r: dict[str, Any], interval: float) -> str:
     per_engine_ms = 1000 * r["cpu_per_poll_s"] / max(r["engines_reporting"], 1)
     util = r["cpu_per_poll_s"] / interval
     rss = f"{r.get('peak_rss_mb', r.get('driver_peak_rss_mb', 0)):.0f}"
@@ -337,15 +361,15 @@ def main() -> None:
         (single,) = run_child("single", urls, n_main * args.dp, args, fleet=fleet)
         print(_row("single", single, args.interval), flush=True)
         sharded = run_child("sharded", urls, n_main * args.dp, args, [2, 4], fleet)
-        for r in sharded:
-            print(_row(f"ray x{r['shards']}", r, args.interval), flush=True)
+        for res in sharded:
+            print(_row(f"ray x{res['shards']}", res, args.interval), flush=True)
         print(f"(ray.init: {sharded[0]['ray_init_s']:.0f} s)\n")
         print(
             "largest fleet one process keeps up with at a "
             f"{args.interval:g} s interval (median poll < interval, < 90 % of a core):"
         )
         print(HEADER)
-        best = None
+        best: dict[str, Any] | None = None
         by_size = {n_main * args.dp: single}
         for size in sizes:
             r = by_size.get(size)

@@ -17,6 +17,10 @@ import os
 import random
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -46,7 +50,7 @@ def corpus(n_lines: int = 4000, seed: int = 0) -> list[str]:
     return lines
 
 
-def build_tokenizer(out: Path):
+def build_tokenizer(out: Path) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -73,7 +77,7 @@ def build_tokenizer(out: Path):
     return fast
 
 
-def build_model(out: Path, tokenizer) -> None:
+def build_model(out: Path, tokenizer: PreTrainedTokenizerFast) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

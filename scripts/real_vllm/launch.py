@@ -23,19 +23,20 @@ def _is_vllm(name: str) -> bool:
     return name.lower().replace("_", "-") == "vllm"
 
 
-def version(name: str) -> str:
-    if _is_vllm(name):
+# the parameters are named as importlib.metadata's own (``distribution_name``)
+def version(distribution_name: str) -> str:
+    if _is_vllm(distribution_name):
         v = _version(_DIST)
         return v if "+" in v else v + "+cpu"
-    return _version(name)
+    return _version(distribution_name)
 
 
-def metadata(name: str):
-    return _metadata(_DIST if _is_vllm(name) else name)
+def metadata(distribution_name: str) -> _md.PackageMetadata:
+    return _metadata(_DIST if _is_vllm(distribution_name) else distribution_name)
 
 
-def distribution(name: str):
-    return _distribution(_DIST if _is_vllm(name) else name)
+def distribution(distribution_name: str) -> _md.Distribution:
+    return _distribution(_DIST if _is_vllm(distribution_name) else distribution_name)
 
 
 _md.version, _md.metadata, _md.distribution = version, metadata, distribution

@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, TypedDict
 
 import httpx
 from words import WORDS  # the words the tokenizer was trained on (build_model.py)
@@ -33,6 +34,15 @@ from words import WORDS  # the words the tokenizer was trained on (build_model.p
 MODEL = "tinymodel"
 
 KINDS = ("completion", "chat", "completion_stream", "chat_stream")
+
+
+class Request(TypedDict):
+    """One planned request."""
+
+    kind: str  # one of KINDS
+    text: str
+    max_tokens: int
+    ignore_eos: bool
 
 
 @dataclass
@@ -64,10 +74,10 @@ def prefixes(n: int, words: int, seed: int) -> list[str]:
     return [f"document {i}: " + " ".join(rng.choice(WORDS) for _ in range(words)) for i in range(n)]
 
 
-def plan(n: int, seed: int, shared: list[str]) -> list[dict]:
+def plan(n: int, seed: int, shared: list[str]) -> list[Request]:
     """The requests for one server: kind, prompt text and max_tokens, deterministic."""
     rng = random.Random(seed)
-    out = []
+    out: list[Request] = []
     for i in range(n):
         tail = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
         out.append(
@@ -97,11 +107,11 @@ async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
         yield buf.removesuffix(b"\r").decode("utf-8")
 
 
-async def one(client: httpx.AsyncClient, url: str, req: dict, tally: Tally) -> None:
+async def one(client: httpx.AsyncClient, url: str, req: Request, tally: Tally) -> None:
     kind = req["kind"]
     stream = kind.endswith("_stream")
     chat = kind.startswith("chat")
-    body: dict = {
+    body: dict[str, Any] = {
         "model": MODEL,
         "max_tokens": req["max_tokens"],
         "temperature": 0.8,
@@ -152,7 +162,7 @@ async def one(client: httpx.AsyncClient, url: str, req: dict, tally: Tally) -> N
     tally.finish_reasons[str(finish)] = tally.finish_reasons.get(str(finish), 0) + 1
 
 
-async def drive(url: str, reqs: list[dict], concurrency: int, deadline: float) -> Tally:
+async def drive(url: str, reqs: list[Request], concurrency: int, deadline: float) -> Tally:
     tally = Tally()
     queue = list(reversed(reqs))
     timeout = httpx.Timeout(120.0, connect=10.0)
@@ -166,7 +176,7 @@ async def drive(url: str, reqs: list[dict], concurrency: int, deadline: float) -
     return tally
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     shared = prefixes(args.prefixes, args.prefix_words, args.seed)
     t0 = time.monotonic()
     deadline = t0 + args.max_seconds

@@ -119,7 +119,7 @@ class Probe:
         self.calls: list[dict[str, Any]] = []
         self.load: list[dict[str, Any]] = []
         self.snapshots: list[dict[str, Any]] = []
-        self.tasks: list[asyncio.Task] = []
+        self.tasks: list[asyncio.Task[dict[str, Any]]] = []
         self.generate_ok = True  # /inference/v1/generate answers (needs --enable-scale-out)
         self.live: dict[str, dict[str, Any]] = {}  # label -> record of a running generation
         timeout = httpx.Timeout(120.0, connect=5.0)
@@ -235,7 +235,9 @@ class Probe:
             await asyncio.sleep(0.005)
         self.note(f"WARNING: {labels} not all at {MIN_CHUNKS} chunks after {timeout} s")
 
-    def gen(self, label: str, max_tokens: int, kind: str = "stream") -> asyncio.Task:
+    def gen(
+        self, label: str, max_tokens: int, kind: str = "stream"
+    ) -> asyncio.Task[dict[str, Any]]:
         """Start one generation request in the background; its record goes to load.json.
 
         kind: ``stream`` / ``plain`` (``/v1/completions``), ``generate``
@@ -253,7 +255,8 @@ class Probe:
         }
         self.load.append(rec)
         self.live[label] = rec
-        sampling = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+        sampling: dict[str, Any] = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+        body: dict[str, Any]
         try:
             if kind == "generate":
                 body = {"token_ids": PROMPT_IDS, "sampling_params": sampling, "model": self.model}

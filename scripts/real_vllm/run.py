@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -120,8 +121,8 @@ class Server:
         }
         for var in ("PROMETHEUS_MULTIPROC_DIR", "VIRTUAL_ENV", "PYTHONPATH"):
             self.env.pop(var, None)
-        self.proc: subprocess.Popen | None = None
-        self._log = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: BinaryIO | None = None
         self.ready_after: float | None = None
 
     def start(self) -> None:
@@ -216,7 +217,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def tiny_model(python: Path, cache: Path, tmp: Path) -> tuple[Path, dict]:
+def tiny_model(python: Path, cache: Path, tmp: Path) -> tuple[Path, dict[str, Any]]:
     """The tiny model, built once per version of its build script (it is deterministic)."""
     digest = hashlib.sha256()
     for f in ("build_model.py", "words.py"):

@@ -17,15 +17,17 @@ import importlib.util
 import json
 import os
 import sys
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def main():
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheel-dir", required=True)
     args = ap.parse_args()
     spec = importlib.util.spec_from_file_location("sg_generate", os.path.join(HERE, "generate.py"))
+    assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     case = gen._case("families")
@@ -39,9 +41,11 @@ def main():
 
     from prometheus_client import Counter, Gauge, Histogram, Summary
 
-    owners = {}
+    # name -> (who defines it, the metric): Any, as the private attributes read below
+    # (_type, _labelnames, _upper_bounds, _multiprocess_mode...) are per metric class
+    owners: dict[str, tuple[str, Any]] = {}
 
-    def scan(owner, obj):
+    def scan(owner: str, obj: object) -> None:
         for v in vars(obj).values():
             if isinstance(v, (Counter, Gauge, Histogram, Summary)):
                 owners[v._name] = (owner, v)
@@ -101,7 +105,7 @@ def main():
         st.STARTUP_LATENCY_SECONDS,
     )
 
-    out = []
+    out: list[dict[str, Any]] = []
     # Defined outside the constructible collectors (read from source, not constructed here):
     out.append(
         {

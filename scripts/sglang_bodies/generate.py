@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import enum
 import glob
 import json
@@ -49,8 +50,18 @@ import sys
 import tempfile
 import types
 import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypedDict
 
 HERE = os.path.abspath(__file__)
+
+# JSON-shaped records (a case and its processes go to the child processes as JSON): Any
+Case = dict[str, Any]  # _case(): name, disagg, tp, dp, obs, seed, n_req, spec, procs
+Proc = dict[str, Any]  # one SGLang process of a case: role, pid (, tp_rank, dp_rank, tp_size)
+Req = dict[str, Any]  # one scripted request (make_requests)
+Record = dict[str, Any]  # one series of truth.json
+# SGLang objects (collectors, stats) built from the wheel at run time: Any
+SgCollector = Any
 
 # --------------------------------------------------------------------------
 # Cases.  Every case lists the SGLang processes of one server.
@@ -58,7 +69,7 @@ HERE = os.path.abspath(__file__)
 
 MODEL = "Qwen/Qwen3-0.6B"
 
-BASE_OBS = dict(
+BASE_OBS: dict[str, Any] = dict(
     enable_metrics=True,
     enable_metrics_for_all_schedulers=False,
     extra_metric_labels=None,
@@ -73,10 +84,19 @@ BASE_OBS = dict(
 )
 
 
-def _case(name, disagg="null", tp=1, dp=None, obs=None, seed=1, n_req=12, spec=False):
+def _case(
+    name: str,
+    disagg: str = "null",
+    tp: int = 1,
+    dp: int | None = None,
+    obs: dict[str, Any] | None = None,
+    seed: int = 1,
+    n_req: int = 12,
+    spec: bool = False,
+) -> Case:
     o = dict(BASE_OBS)
     o.update(obs or {})
-    procs = [{"role": "tokenizer", "pid": 1000}]
+    procs: list[Proc] = [{"role": "tokenizer", "pid": 1000}]
     dps = [None] if dp is None else list(range(dp))
     pid = 2000
     for d in dps:
@@ -126,7 +146,7 @@ CASES = [
 # --------------------------------------------------------------------------
 
 
-def _extract_class(path, name, ns):
+def _extract_class(path: str, name: str, ns: dict[str, Any]) -> type:
     with open(path) as f:
         src = f.read()
     tree = ast.parse(src)
@@ -134,11 +154,13 @@ def _extract_class(path, name, ns):
         if isinstance(node, ast.ClassDef) and node.name == name:
             mod = ast.Module(body=[node], type_ignores=[])
             exec(compile(mod, path, "exec"), ns)
-            return ns[name]
+            cls: type = ns[name]
+            return cls
     raise LookupError(f"{name} not in {path}")
 
 
-def _pkg(name, path=None):
+def _pkg(name: str, path: str | None = None) -> Any:
+    """A stub module in ``sys.modules`` (Any: the caller sets its attributes)."""
     m = types.ModuleType(name)
     if path is not None:
         m.__path__ = [path]
@@ -146,7 +168,7 @@ def _pkg(name, path=None):
     return m
 
 
-def load_sglang(wheel_dir, cfg):
+def load_sglang(wheel_dir: str, cfg: dict[str, Any]) -> tuple[types.ModuleType, object]:
     """Install stubs and import the wheel's metrics_collector module."""
     root = os.path.join(wheel_dir, "sglang")
     srt = os.path.join(root, "srt")
@@ -161,7 +183,7 @@ def load_sglang(wheel_dir, cfg):
     # get_bool_env_var is needed.  gauge_histogram loads for real from the wheel.
     u = _pkg("sglang.srt.utils", os.path.join(srt, "utils"))
 
-    def get_bool_env_var(name, default="false"):
+    def get_bool_env_var(name: str, default: str = "false") -> bool:
         return os.getenv(name, default).lower() in ("true", "1")
 
     u.get_bool_env_var = get_bool_env_var
@@ -169,12 +191,10 @@ def load_sglang(wheel_dir, cfg):
     nv = _pkg("sglang.srt.utils.nvtx_utils")
     nv.NVTX_SCHEDULER_ENABLED = False
 
-    def profile_range(*a, **k):
-        import contextlib
-
+    def profile_range(*a: object, **k: object) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
-    def scheduler_nvtx_method(*a, **k):
+    def scheduler_nvtx_method(*a: object, **k: object) -> Callable[[Any], Any]:
         return lambda f: f
 
     nv.profile_range = profile_range
@@ -217,7 +237,7 @@ def load_sglang(wheel_dir, cfg):
     )
 
     class _Ctx:
-        def is_config_namespace_published(self, ns):
+        def is_config_namespace_published(self, ns: object) -> bool:
             return False  # -> resolve_collector_class returns the default class
 
     rc.get_context = lambda: _Ctx()
@@ -238,49 +258,67 @@ def load_sglang(wheel_dir, cfg):
 # --------------------------------------------------------------------------
 
 
+# (name, sorted (label, str(value)) pairs)
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class Hist(TypedDict):
+    buckets: list[float]  # upper bounds
+    obs: list[list[float]]  # [value, n]
+    sum: float
+
+
 class Truth:
-    def __init__(self):
-        self.counters = {}  # (name, labels) -> value
-        self.gauges = {}  # (name, labels) -> value
-        self.hists = {}  # (name, labels) -> {"buckets": [...], "obs": [(v, n)], "sum": s}
+    def __init__(self) -> None:
+        self.counters: dict[Key, float] = {}  # (name, labels) -> value
+        self.gauges: dict[Key, float | str] = {}  # (name, labels) -> value ("NaN")
+        self.hists: dict[Key, Hist] = {}  # (name, labels) -> buckets, [v, n] observations, sum
 
     @staticmethod
-    def _k(name, labels):
+    def _k(name: str, labels: Mapping[str, object]) -> Key:
         return (name, tuple(sorted((k, str(v)) for k, v in labels.items())))
 
-    def inc(self, name, labels, v):
+    def inc(self, name: str, labels: Mapping[str, object], v: float) -> None:
         k = self._k(name, labels)
         self.counters[k] = self.counters.get(k, 0) + v
 
-    def seed(self, name, labels):
+    def seed(self, name: str, labels: Mapping[str, object]) -> None:
         self.counters.setdefault(self._k(name, labels), 0)
 
-    def set(self, name, labels, v):
+    def set(self, name: str, labels: Mapping[str, object], v: float | str) -> None:
         self.gauges[self._k(name, labels)] = v
 
-    def observe(self, name, labels, buckets, v, n=1, sum_inc=None):
+    def observe(
+        self,
+        name: str,
+        labels: Mapping[str, object],
+        buckets: Sequence[float],
+        v: float,
+        n: int = 1,
+        sum_inc: float | None = None,
+    ) -> None:
         k = self._k(name, labels)
         h = self.hists.setdefault(k, {"buckets": list(buckets), "obs": [], "sum": 0.0})
         h["obs"].append([v, n])
         h["sum"] += v * n if sum_inc is None else sum_inc
 
-    def hseed(self, name, labels, buckets):
+    def hseed(self, name: str, labels: Mapping[str, object], buckets: Sequence[float]) -> None:
         self.hists.setdefault(
             self._k(name, labels), {"buckets": list(buckets), "obs": [], "sum": 0.0}
         )
 
-    def dump(self):
-        def lab(k):
+    def dump(self) -> dict[str, list[Record]]:
+        def lab(k: Key) -> dict[str, str]:
             return dict(k[1])
 
-        out = {"counters": [], "gauges": [], "histograms": []}
+        out: dict[str, list[Record]] = {"counters": [], "gauges": [], "histograms": []}
         for k, v in sorted(self.counters.items()):
             out["counters"].append({"name": k[0], "labels": lab(k), "value": v})
-        for k, v in sorted(self.gauges.items()):
-            out["gauges"].append({"name": k[0], "labels": lab(k), "value": v})
+        for k, value in sorted(self.gauges.items()):
+            out["gauges"].append({"name": k[0], "labels": lab(k), "value": value})
         for k, h in sorted(self.hists.items()):
             bounds = h["buckets"]
-            cum = []
+            cum: list[float] = []
             for b in bounds:
                 cum.append(sum(n for v, n in h["obs"] if v <= b))
             count = sum(n for v, n in h["obs"])
@@ -301,7 +339,7 @@ class Truth:
         return out
 
 
-def _dy(rng, lo, hi, denom=256):
+def _dy(rng: random.Random, lo: float, hi: float, denom: int = 256) -> float:
     """A dyadic rational in [lo, hi] so float sums are exact."""
     return rng.randint(int(lo * denom), int(hi * denom)) / denom
 
@@ -311,10 +349,10 @@ def _dy(rng, lo, hi, denom=256):
 # --------------------------------------------------------------------------
 
 
-def make_requests(case):
+def make_requests(case: Case) -> list[Req]:
     """All requests of a case; scheduler processes pick theirs by dp_rank."""
     rng = random.Random(case["seed"])
-    reqs = []
+    reqs: list[Req] = []
     ndp = case["dp"] or 1
     for i in range(case["n_req"]):
         prompt = rng.randint(40, 3000)
@@ -353,7 +391,9 @@ def make_requests(case):
     return reqs
 
 
-def run_tokenizer(mc, server_args, case, truth, drive):
+def run_tokenizer(
+    mc: types.ModuleType, server_args: object, case: Case, truth: Truth, drive: bool
+) -> None:
     obs = case["obs"]
     labels = mc.tokenizer_metric_labels()
     col = mc.TokenizerMetricsCollector(
@@ -363,7 +403,7 @@ def run_tokenizer(mc, server_args, case, truth, drive):
         bucket_e2e_request_latency=obs["bucket_e2e_request_latency"],
         bucket_inter_token_latency=obs["bucket_inter_token_latency"],
     )
-    startup = {
+    startup: dict[str, Any] = {  # emit_startup_time's argument
         "load_weight": 12.5,
         "kv_cache_allocation": 1.25,
         "scheduler_e2e": 30.5,
@@ -442,7 +482,9 @@ def run_tokenizer(mc, server_args, case, truth, drive):
         truth.observe("sglang:generation_tokens_histogram", labels, gt_b, float(gen))
 
 
-def run_scheduler(mc, server_args, case, proc, truth, drive):
+def run_scheduler(
+    mc: types.ModuleType, server_args: object, case: Case, proc: Proc, truth: Truth, drive: bool
+) -> None:
     col_ctx = mc.SchedulerMetricsCollector.init_new(
         server_args=server_args,
         enable_priority_scheduling=False,
@@ -477,7 +519,7 @@ def run_scheduler(mc, server_args, case, proc, truth, drive):
     log_final_stats(mc, col, case, proc, truth, engine, eff, max_tokens)
 
 
-def seed_scheduler_children(col, truth):
+def seed_scheduler_children(col: SgCollector, truth: Truth) -> None:
     """The children SchedulerMetricsCollector's constructor pre-seeds."""
     L = col.labels
     # pre-seeded children (constructor)
@@ -510,11 +552,11 @@ def seed_scheduler_children(col, truth):
     )
 
 
-def emit_startup_constants(col, truth):
+def emit_startup_constants(col: SgCollector, truth: Truth) -> int:
     """emit_constants at startup (every rank that has a collector); returns the pool size."""
     L = col.labels
     max_tokens = 200000
-    consts = dict(
+    consts: dict[str, Any] = dict(  # emit_constants' keyword arguments
         max_total_num_tokens=max_tokens,
         max_total_num_tokens_swa=None,
         weight_memory_usage_gb=1.25,
@@ -541,7 +583,9 @@ def emit_startup_constants(col, truth):
     return max_tokens
 
 
-def drive_scheduler_requests(col, truth, engine, mine):
+def drive_scheduler_requests(
+    col: SgCollector, truth: Truth, engine: str, mine: list[Req]
+) -> dict[str, int]:
     """The requests' queue times and one log interval's realtime and effective prefill
     tokens; returns the effective prefill tokens by mode."""
     L = col.labels
@@ -580,7 +624,9 @@ def drive_scheduler_requests(col, truth, engine, mine):
     return eff
 
 
-def drive_scheduler_steps(col, rcol, rlabels, truth, engine):
+def drive_scheduler_steps(
+    col: SgCollector, rcol: SgCollector, rlabels: dict[str, Any], truth: Truth, engine: str
+) -> None:
     """Forward and idle time, CUDA graph passes, a retraction, a radix cache eviction."""
     L = col.labels
     # forward time / idle time
@@ -618,7 +664,7 @@ def drive_scheduler_steps(col, rcol, rlabels, truth, engine):
     )
 
 
-def drive_pd_transfers(col, truth, engine, mine):
+def drive_pd_transfers(col: SgCollector, truth: Truth, engine: str, mine: list[Req]) -> None:
     """PD transfer metrics: a prefill server's KV transfers, a decode server's bootstraps."""
     L = col.labels
     # PD transfer metrics
@@ -656,7 +702,16 @@ def drive_pd_transfers(col, truth, engine, mine):
         truth.inc("sglang:num_transfer_failed_reqs_total", L, 1)
 
 
-def log_final_stats(mc, col, case, proc, truth, engine, eff, max_tokens):
+def log_final_stats(
+    mc: types.ModuleType,
+    col: SgCollector,
+    case: Case,
+    proc: Proc,
+    truth: Truth,
+    engine: str,
+    eff: dict[str, int],
+    max_tokens: int,
+) -> None:
     """The last log_stats of the run (metrics_reporter): gauges."""
     S = mc.SchedulerStats
     Q = mc.QueueCount
@@ -696,9 +751,11 @@ def log_final_stats(mc, col, case, proc, truth, engine, eff, max_tokens):
     record_log_stats(mc, col, stats, proc, truth)
 
 
-def record_log_stats(mc, col, stats, proc, truth):
+def record_log_stats(
+    mc: types.ModuleType, col: SgCollector, stats: Any, proc: Proc, truth: Truth
+) -> None:
     L = col.labels
-    g = {}
+    g: dict[str, float | str] = {}
     for f in LOG_STATS_GAUGES:
         v = getattr(stats, f)
         v = v.total if isinstance(v, mc.QueueCount) else v
@@ -773,7 +830,7 @@ LOG_STATS_GAUGES = (
 )
 
 
-def case_parallel(case, proc):
+def case_parallel(case: Case, proc: Proc) -> dict[str, Any]:
     return dict(
         tp_rank=proc["tp_rank"],
         pp_rank=0,
@@ -790,13 +847,14 @@ def case_parallel(case, proc):
 # --------------------------------------------------------------------------
 
 
-def child(args):
+def child(args: argparse.Namespace) -> None:
     spec = json.loads(args.child)
     case, proc = spec["case"], spec["proc"]
     # fixed pid for the multiprocess files and "all"-mode gauge pid labels
     from prometheus_client import values
 
-    values.ValueClass = values.MultiProcessValue(lambda: proc["pid"])
+    # prometheus_client leaves MultiProcessValue (and the calls in render) unannotated
+    values.ValueClass = values.MultiProcessValue(lambda: proc["pid"])  # type: ignore[no-untyped-call]
     cfg = {
         "obs": case["obs"],
         "disagg": case["disagg"],
@@ -813,25 +871,25 @@ def child(args):
     json.dump(truth.dump(), sys.stdout)
 
 
-def render(mpdir):
+def render(mpdir: str) -> tuple[bytes, bytes]:
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
     from prometheus_client.openmetrics import exposition as om
 
     reg = CollectorRegistry()
-    multiprocess.MultiProcessCollector(reg, path=mpdir)
-    return generate_latest(reg), om.generate_latest(reg)
+    multiprocess.MultiProcessCollector(reg, path=mpdir)  # type: ignore[no-untyped-call]
+    return generate_latest(reg), om.generate_latest(reg)  # type: ignore[no-untyped-call]
 
 
-def merge_processes(m):
+def merge_processes(m: dict[str, list[Record]]) -> dict[str, list[Record]]:
     """Same label set written by two processes: MultiProcessCollector sums counters and
     histograms; "mostrecent" gauges keep the newest write (the later process here).
     Happens for real: radix_cache_metric_labels() gives every DP replica dp_rank=0 unless
     DP attention is on, so two DP replicas' RadixCache series coincide."""
 
-    def key(x):
+    def key(x: Record) -> Key:
         return (x["name"], tuple(sorted(x["labels"].items())))
 
-    out = {"counters": {}, "gauges": {}, "histograms": {}}
+    out: dict[str, dict[Key, Record]] = {"counters": {}, "gauges": {}, "histograms": {}}
     for c in m["counters"]:
         k = key(c)
         if k in out["counters"]:
@@ -859,10 +917,12 @@ def merge_processes(m):
     return {k: [v[x] for x in sorted(v)] for k, v in out.items()}
 
 
-def run_case(args, case, drive):
+def run_case(
+    args: argparse.Namespace, case: Case, drive: bool
+) -> tuple[bytes, bytes, dict[str, list[Record]]]:
     mpdir = tempfile.mkdtemp(prefix="sgmp-")
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=mpdir, PYTHONHASHSEED="0")
-    merged = {"counters": [], "gauges": [], "histograms": []}
+    merged: dict[str, list[Record]] = {"counters": [], "gauges": [], "histograms": []}
     for proc in case["procs"]:
         spec = json.dumps({"case": case, "proc": proc, "drive": drive})
         out = subprocess.run(
@@ -883,7 +943,7 @@ def run_case(args, case, drive):
     return text, omtext, merged
 
 
-def ensure_wheel(version, cache):
+def ensure_wheel(version: str, cache: str) -> str:
     d = os.path.join(cache, f"sglang-{version}")
     if os.path.isdir(os.path.join(d, "sglang")):
         return d
@@ -897,7 +957,7 @@ def ensure_wheel(version, cache):
     return d
 
 
-def main():
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheel-dir", help="unpacked sglang wheel (dir containing sglang/)")
     ap.add_argument(
@@ -916,7 +976,7 @@ def main():
         args.wheel_dir = ensure_wheel(args.download or "0.5.23", args.cache)
     args.wheel_dir = os.path.abspath(args.wheel_dir)
     os.makedirs(args.out, exist_ok=True)
-    truth_all = {}
+    truth_all: dict[str, Record] = {}
     for case in CASES:
         phases = [("after", True)]
         if case["name"] in ("single", "dp2"):

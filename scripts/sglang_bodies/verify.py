@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,17 +26,21 @@ DATA = (
     else os.path.join(HERE, "..", "..", "tests", "data", "sglang-0.5.23")
 )
 
+# (sample name, sorted (label, value) pairs)
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 
-def _fmt_le(b):
+
+def _fmt_le(b: str | float) -> str:
     if b == "+Inf":
         return "+Inf"
     return repr(float(b))
 
 
-def expected_samples(t):
-    exp = {}
+def expected_samples(t: dict[str, Any]) -> dict[SampleKey, float]:
+    """``t``: one body's entry of truth.json."""
+    exp: dict[SampleKey, float] = {}
 
-    def put(name, labels, v):
+    def put(name: str, labels: dict[str, str], v: float) -> None:
         exp[(name, tuple(sorted(labels.items())))] = v
 
     for c in t["counters"]:
@@ -51,8 +56,8 @@ def expected_samples(t):
     return exp
 
 
-def body_samples(text):
-    got = {}
+def body_samples(text: str) -> dict[SampleKey, float]:
+    got: dict[SampleKey, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             labels = dict(s.labels)
@@ -62,16 +67,21 @@ def body_samples(text):
     return got
 
 
-def same(a, b):
+def same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
 
-def _read(path, mode="r"):
-    with open(path, mode) as f:
+def _read(path: str) -> str:
+    with open(path) as f:
         return f.read()
 
 
-def main():
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def main() -> int:
     truth = json.loads(_read(os.path.join(DATA, "truth.json")))
     bad = 0
     for body, t in sorted(truth.items()):
@@ -92,10 +102,12 @@ def main():
         from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 
         try:
-            n = sum(len(f.samples) for f in om_parse(_read(om)))
+            # prometheus_client leaves its OpenMetrics parser unannotated
+            families = om_parse(_read(om))  # type: ignore[no-untyped-call]
+            n = sum(len(f.samples) for f in families)
             print(f"single_after.openmetrics.txt: OpenMetrics parser OK, {n} samples")
-        except Exception as e:
-            print(f"single_after.openmetrics.txt: OpenMetrics parser FAILS: {e}")
+        except Exception as err:
+            print(f"single_after.openmetrics.txt: OpenMetrics parser FAILS: {err}")
 
     try:
         from fleetscope.exposition import parse
@@ -107,11 +119,11 @@ def main():
         if not os.path.exists(path):
             continue
         try:
-            e = parse(_read(path, "rb"), time=0.0, wall_time=0.0)
+            e = parse(_read_bytes(path), time=0.0, wall_time=0.0)
         except Exception as ex:
             print(f"fleetscope {body}: ERROR {ex}")
             continue
-        fams = set()
+        fams: set[str] = set()
         for snap in e.values():
             for sid in snap:
                 fams.add(sid.split("{")[0])

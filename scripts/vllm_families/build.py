@@ -21,8 +21,16 @@ import json
 import os
 import re
 import sys
+import types
+from typing import Any
 
 BASE = ["model_name", "engine"]
+
+# JSON records: one definition of extract.py's output, one family of families.json
+Definition = dict[str, Any]
+Family = dict[str, Any]
+# a histogram's buckets: the bounds, a description, or None (not a histogram)
+Buckets = list[float] | str | None
 
 # exact source text of a labelnames expression -> label list
 RULES = {
@@ -56,10 +64,10 @@ DEPRECATED_BY = {
 }
 
 
-def labels_of(d):
+def labels_of(d: Definition) -> list[str]:
     t = d["labelnames"]
     if d["how"] == "metadata table":
-        extra = []
+        extra: list[str] = []
         if t:
             t2 = t.replace("TIER_LABEL", "'tier'")
             try:
@@ -84,7 +92,7 @@ def labels_of(d):
         return [f"<{t}>"]
 
 
-def unit_of(name, typ):
+def unit_of(name: str, typ: str) -> str:
     n = name.split(":", 1)[1]
     if n.endswith("_info"):
         return "info (value 1)"
@@ -105,14 +113,15 @@ def unit_of(name, typ):
     return ""
 
 
-def load_buckets(path):
+def load_buckets(path: str) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location("vllm_buckets", path)
+    assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def buckets_of(d, bmod):
+def buckets_of(d: Definition, bmod: types.ModuleType) -> Buckets:
     b = d["buckets"]
     if d["type"] != "histogram":
         return None
@@ -130,11 +139,13 @@ def buckets_of(d, bmod):
         "request_num_preemptions",
         "kv_cache_residency",
     ):
-        return bmod.histogram_buckets(m.group(1))
+        bounds: list[float] = bmod.histogram_buckets(m.group(1))
+        return bounds
     if b == "_BYTES_BUCKETS":  # mooncake/stats.py: tuple(2 ** (10 + i) for i in range(1, 25, 2))
         return [float(2 ** (10 + i)) for i in range(1, 25, 2)]
     if b == "residency_buckets":  # hisparse: histogram_buckets("kv_cache_residency")
-        return bmod.histogram_buckets("kv_cache_residency")
+        residency: list[float] = bmod.histogram_buckets("kv_cache_residency")
+        return residency
     if b == "buckets[1:]":
         return "nixl `buckets` list without its first bound (0.005 … )"
     if b == "request_tokens_buckets":
@@ -144,8 +155,8 @@ def buckets_of(d, bmod):
     return f"<{b}>"
 
 
-def build(ext, bmod):
-    out = {}
+def build(ext: dict[str, Any], bmod: types.ModuleType) -> list[Family]:
+    out: dict[str, Family] = {}
     for d in ext["definitions"]:
         if not re.fullmatch(r"vllm:[a-z0-9_]+", d["name"]):
             continue
@@ -188,12 +199,13 @@ def build(ext, bmod):
     return [out[k] for k in sorted(out)]
 
 
-def check_against_bodies(fams, fixtures):
+def check_against_bodies(fams: list[Family], fixtures: str) -> tuple[list[str], list[str]]:
     """Label sets of the real 0.32 bodies vs the resolved ones."""
     from prometheus_client.parser import text_string_to_metric_families
 
     by = {f["name"]: f for f in fams}
-    problems, seen = [], set()
+    problems: list[str] = []
+    seen: set[str] = set()
     for fn in sorted(os.listdir(fixtures)):
         if not fn.endswith(".prom"):
             continue
@@ -219,7 +231,7 @@ def check_against_bodies(fams, fixtures):
     return sorted(seen), problems
 
 
-def _bk(b):
+def _bk(b: Buckets) -> str:
     if b is None:
         return ""
     if isinstance(b, str):
@@ -229,14 +241,14 @@ def _bk(b):
     return f"{len(b)}: {b[0]:g}, {b[1]:g} … {b[-1]:g}"
 
 
-def _labels(ls):
+def _labels(ls: list[str]) -> str:
     if ls[:2] == BASE:
         rest = ls[2:]
         return "B" + (" + " + ", ".join(rest) if rest else "")
     return ", ".join(ls) if ls else "(none)"
 
 
-def table(fams, only=None):
+def table(fams: list[Family], only: set[str] | None = None) -> str:
     rows = ["| family | type | labels | unit | buckets | defined in |", "|---|---|---|---|---|---|"]
     for f in fams:
         if only is not None and f["name"] not in only:
@@ -249,11 +261,11 @@ def table(fams, only=None):
     return "\n".join(rows)
 
 
-def main():
+def main() -> None:
     e32, e33, bpath, fixtures = sys.argv[1:5]
     readme_tables = sys.argv[5] if len(sys.argv) > 5 else None
     bmod = load_buckets(bpath)
-    res = {}
+    res: dict[str, list[Family]] = {}
     for path in (e32, e33):
         with open(path) as f:
             ext = json.load(f)

@@ -25,6 +25,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
+from typing import Any, overload
 
 TYPE_RE = re.compile(r"(counter|gauge|histogram|summary|info)", re.I)
 CTOR_RE = re.compile(
@@ -32,10 +34,13 @@ CTOR_RE = re.compile(
     re.I,
 )
 
+# one family definition found in the source (JSON: name, type, help, labelnames, buckets...)
+Definition = dict[str, Any]
 
-def _str_consts(tree):
+
+def _str_consts(tree: ast.Module) -> dict[str, str]:
     """name -> string for module-level and class-level NAME = "..." assignments."""
-    out = {}
+    out: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             for st in node.body:
@@ -60,10 +65,10 @@ def _str_consts(tree):
     return out
 
 
-GLOBAL_CONSTS: dict = {}
+GLOBAL_CONSTS: dict[str, str] = {}
 
 
-def _resolve(node, consts):
+def _resolve(node: ast.expr | None, consts: dict[str, str]) -> str | None:
     if node is None:
         return None
     if (
@@ -93,9 +98,9 @@ def _resolve(node, consts):
     return None
 
 
-def _literals(tree):
+def _literals(tree: ast.Module) -> dict[str, list[Any]]:
     """NAME = (literal tuple/list) at module or class level, for bucket constants."""
-    out = {}
+    out: dict[str, list[Any]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List)):
             try:
@@ -108,7 +113,7 @@ def _literals(tree):
     return out
 
 
-def _buckets(node, lits):
+def _buckets(node: ast.expr | None, lits: dict[str, list[Any]]) -> list[Any] | str | None:
     if node is None:
         return None
     try:
@@ -120,18 +125,22 @@ def _buckets(node, lits):
     return _src(node)
 
 
-def _kw(call, name):
+def _kw(call: ast.Call, name: str) -> ast.expr | None:
     for k in call.keywords:
         if k.arg == name:
             return k.value
     return None
 
 
-def _src(node):
+@overload
+def _src(node: ast.AST) -> str: ...
+@overload
+def _src(node: ast.AST | None) -> str | None: ...
+def _src(node: ast.AST | None) -> str | None:
     return None if node is None else ast.unparse(node)
 
 
-def _doc(node, consts):
+def _doc(node: ast.expr | None, consts: dict[str, str]) -> object:
     if node is None:
         return None
     v = _resolve(node, consts)
@@ -145,14 +154,14 @@ def _doc(node, consts):
         return _src(node)
 
 
-def _py_files(pkg):
+def _py_files(pkg: str) -> Iterator[str]:
     for root, _, files in os.walk(pkg):
         for fn in sorted(files):
             if fn.endswith(".py"):
                 yield os.path.join(root, fn)
 
 
-def _read_tree(path):
+def _read_tree(path: str) -> ast.Module | None:
     """The file's syntax tree, None when it does not parse."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -161,7 +170,7 @@ def _read_tree(path):
         return None
 
 
-def _collect_global_consts(pkg):
+def _collect_global_consts(pkg: str) -> None:
     """Pass 1: class constants of every file (Metric-name classes are imported across files)."""
     for path in _py_files(pkg):
         tree = _read_tree(path)
@@ -172,7 +181,17 @@ def _collect_global_consts(pkg):
                 GLOBAL_CONSTS.setdefault(k, v)
 
 
-def _definition(name, typ, call, consts, lits, rel, line, how, multiprocess_mode=None):
+def _definition(
+    name: str,
+    typ: str,
+    call: ast.Call,
+    consts: dict[str, str],
+    lits: dict[str, list[Any]],
+    rel: str,
+    line: int,
+    how: str,
+    multiprocess_mode: str | None = None,
+) -> Definition:
     """One family definition found in the source."""
     return dict(
         name=name,
@@ -187,7 +206,9 @@ def _definition(name, typ, call, consts, lits, rel, line, how, multiprocess_mode
     )
 
 
-def _from_constructor(node, consts, lits, rel):
+def _from_constructor(
+    node: ast.Call, consts: dict[str, str], lits: dict[str, list[Any]], rel: str
+) -> list[Definition]:
     """``Counter(name=..., documentation=..., labelnames=...)`` (or positional arguments)."""
     f = _src(node.func)
     if not CTOR_RE.search(f):
@@ -198,7 +219,9 @@ def _from_constructor(node, consts, lits, rel):
     name = _resolve(nm, consts)
     if not name or not name.startswith("vllm:"):
         return []
-    typ = TYPE_RE.search(f.split(".")[-1]).group(1).lower()
+    tm = TYPE_RE.search(f.split(".")[-1])
+    assert tm is not None  # CTOR_RE matched: the last part names the type
+    typ = tm.group(1).lower()
     doc = _kw(node, "documentation")
     if doc is None and len(node.args) > 1:
         doc = node.args[1]
@@ -220,9 +243,11 @@ def _from_constructor(node, consts, lits, rel):
     ]
 
 
-def _from_dict(node, consts, lits, rel):
+def _from_dict(
+    node: ast.Dict, consts: dict[str, str], lits: dict[str, list[Any]], rel: str
+) -> list[Definition]:
     """A metadata table: ``{name: Counter(...)}``."""
-    out = []
+    out: list[Definition] = []
     for k, v in zip(node.keys, node.values, strict=False):
         name = _resolve(k, consts) if k is not None else None
         if not name or not name.startswith("vllm:") or not isinstance(v, ast.Call):
@@ -230,15 +255,20 @@ def _from_dict(node, consts, lits, rel):
         m = TYPE_RE.search(_src(v.func))
         if not m:
             continue
+        assert k is not None  # a name was resolved from it
         out.append(
             _definition(name, m.group(1).lower(), v, consts, lits, rel, k.lineno, "metadata table")
         )
     return out
 
 
-def _from_subscript(node, consts, lits, rel):
+def _from_subscript(
+    node: ast.Assign, consts: dict[str, str], lits: dict[str, list[Any]], rel: str
+) -> list[Definition]:
     """A metadata table filled one entry at a time: ``table[name] = Counter(...)``."""
-    name = _resolve(node.targets[0].slice, consts)
+    target = node.targets[0]
+    assert isinstance(target, ast.Subscript) and isinstance(node.value, ast.Call)  # _definitions
+    name = _resolve(target.slice, consts)
     m = TYPE_RE.search(_src(node.value.func))
     if not (name and name.startswith("vllm:") and m):
         return []
@@ -246,7 +276,7 @@ def _from_subscript(node, consts, lits, rel):
     return [_definition(name, typ, node.value, consts, lits, rel, node.lineno, "metadata table")]
 
 
-def _from_tuple(node, consts, rel):
+def _from_tuple(node: ast.Tuple, consts: dict[str, str], rel: str) -> list[Definition]:
     """A ``(name, help)`` tuple."""
     name = _resolve(node.elts[0], consts)
     if not (name and name.startswith("vllm:") and isinstance(node.elts[1], ast.Constant)):
@@ -266,7 +296,9 @@ def _from_tuple(node, consts, rel):
     ]
 
 
-def _definitions(node, consts, lits, rel):
+def _definitions(
+    node: ast.AST, consts: dict[str, str], lits: dict[str, list[Any]], rel: str
+) -> list[Definition]:
     """The family definitions one syntax node makes (none for most)."""
     if isinstance(node, ast.Call):
         return _from_constructor(node, consts, lits, rel)
@@ -284,9 +316,9 @@ def _definitions(node, consts, lits, rel):
     return []
 
 
-def extract(pkg):
+def extract(pkg: str) -> list[Definition]:
     _collect_global_consts(pkg)
-    fams = []
+    fams: list[Definition] = []
     for root, _, files in os.walk(pkg):
         for fn in sorted(files):
             if not fn.endswith(".py"):
@@ -303,7 +335,7 @@ def extract(pkg):
     return fams
 
 
-def main():
+def main() -> None:
     pkg, version = sys.argv[1], sys.argv[2]
     fams = extract(os.path.abspath(pkg))
     json.dump({"version": version, "definitions": fams}, sys.stdout, indent=1)
