@@ -28,7 +28,7 @@ from fleetscope.catalog import gauge_metric_name
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.identity import EngineId, endpoint_of
 from fleetscope.stats.deltas import EngineDelta
-from fleetscope.stats.engine_sum import EngineSum, combine_retired, copy_engine_sum
+from fleetscope.stats.engine_sum import EngineSum, add_rows, add_sum, copy_engine_sum
 from fleetscope.stats.persist import (
     engine_from_data,
     engine_id_json,
@@ -96,7 +96,7 @@ class Accumulator:
             d = inp.delta
             if inp.engine_id in pending:  # the same engine twice: its first delta goes first
                 for layout, rows in by_layout.items():
-                    _add_rows(layout, rows)
+                    add_rows(layout, rows)
                 by_layout, pending = {}, set()
             acc = self.engines.get(inp.engine_id)
             if acc is None:
@@ -116,16 +116,14 @@ class Accumulator:
                     acc.spanned += max(0.0, d.current.time - self._gap_from)  # not covered
             if d.baseline_only:
                 continue
+            began = d.current.time - d.seconds
             if (
-                d.started
+                self._open is not None
+                and d.started
                 and inp.is_engine
-                and self._open is not None
-                and inp.engine_id not in self._open
+                and not self._new_process(inp.engine_id, began)
             ):
-                # a new process (a scale-up, a restarted Ray actor's new worker): it did not
-                # exist before its interval, so nothing earlier is expected of it
-                self._open[inp.engine_id] = d.current.time - d.seconds
-                self._left.discard(inp.engine_id)
+                continue  # its first counts began before the window: not the window's
             acc.covered += d.observed_seconds  # a restart's unseen tail is not covered
             acc.spanned += d.seconds
             # an endpoint's own row restarts with its engines: its tail is theirs, counted
@@ -139,7 +137,25 @@ class Accumulator:
             by_layout.setdefault(d.layout, []).append((d, acc))
             pending.add(inp.engine_id)
         for layout, rows in by_layout.items():
-            _add_rows(layout, rows)
+            add_rows(layout, rows)
+
+    def _new_process(self, engine: str, began: float) -> bool:
+        """A window sees an engine whose process started during its interval (a scale-up, a
+        restarted Ray actor's new worker, a late starter): True if its counts since
+        ``began`` are the window's. A process already seen in the window, or one that began
+        in it, counts (nothing before it is expected of it); one that began before the
+        window opened counted partly outside it, where no count can be placed in time: the
+        window leaves them out and expects that engine from its opening (coverage says so)."""
+        assert self._open is not None
+        if engine in self._open:
+            return True
+        opened = self._span_start(engine)
+        self._left.discard(engine)
+        if began < opened:
+            self._open[engine] = opened
+            return False
+        self._open[engine] = began
+        return True
 
     def continue_after(self, saved_at: float | None) -> None:
         """The same run goes on from a state saved at ``saved_at`` (this machine's monotonic
@@ -174,7 +190,7 @@ class Accumulator:
             if acc is None:
                 self.engines[eid] = copy_engine_sum(o)
             else:
-                _add_sum(acc, o)
+                add_sum(acc, o)
 
     def evict(self, engine: str, into: str) -> None:
         """Fold an engine's sums into another row (``{endpoint}.evicted``): totals stay
@@ -186,7 +202,7 @@ class Accumulator:
         if dst is None:
             self.engines[into] = o
         else:
-            _add_sum(dst, o)
+            add_sum(dst, o)
         if engine in self.expected:
             self.expected[into] = self.expected.get(into, 0.0) + self.expected.pop(engine)
         self._left.discard(engine)
@@ -332,61 +348,6 @@ class Accumulator:
             eid, engine = engine_from_data(e)
             acc.engines[eid] = engine
         return acc
-
-
-def _add_sum(acc: EngineSum, o: EngineSum) -> None:
-    """Add ``o``'s sums to ``acc`` (layouts realigned: series come and go)."""
-    acc.realign(o.layout)
-    acc.current = o.current
-    o2 = copy_engine_sum(o)
-    o2.realign(acc.layout)
-    acc.delta = acc.delta + o2.delta
-    acc.covered += o2.covered
-    acc.spanned += o2.spanned
-    acc.restarts += o2.restarts
-    for sid, vals in o2.retired.items():  # absent from both layouts
-        acc.retired[sid] = combine_retired(acc.retired.get(sid), vals)
-    if o2.gauge_area is not None:
-        assert o2.gauge_seconds is not None and o2.gauge_peak is not None
-        if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
-            acc.gauge_area = o2.gauge_area.copy()
-            acc.gauge_seconds = o2.gauge_seconds.copy()
-            acc.gauge_peak = o2.gauge_peak.copy()
-        else:
-            acc.gauge_area += o2.gauge_area
-            acc.gauge_seconds += o2.gauge_seconds
-            acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
-
-
-def _add_rows(layout: EngineLayout, rows: list[tuple[EngineDelta, EngineSum]]) -> None:
-    """Add one poll's deltas of engines of one layout to their sums. An unknown increase (a
-    series invalid on its first scrape, a type change) adds nothing, and its engine's interval
-    counts as not observed: the sums keep every known increase, coverage says what was not
-    (docs/bad-data.md §7). Gauges add value x seconds, seconds and their peak where known."""
-    inc = np.stack([d.delta for d, _ in rows])
-    unknown = np.isnan(inc)
-    lost = unknown[:, layout.cumulative].any(axis=1)
-    inc[unknown] = 0.0
-    for (d, acc), row, gone in zip(rows, inc, lost, strict=True):
-        acc.delta = acc.delta + row
-        if gone:
-            acc.covered -= d.observed_seconds
-    gslots = layout.gauge_slots
-    if not len(gslots):
-        return
-    values = np.stack([d.current.data for d, _ in rows])[:, gslots]
-    secs = np.array([d.seconds for d, _ in rows])[:, None]
-    ok = ~np.isnan(values)
-    area = np.where(ok, values * secs, 0.0)
-    seconds = np.where(ok, secs, 0.0)
-    n = len(layout.slot_ids)
-    for i, (_, acc) in enumerate(rows):
-        if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
-            acc.gauge_area, acc.gauge_seconds = np.zeros(n), np.zeros(n)
-            acc.gauge_peak = np.full(n, np.nan)
-        acc.gauge_area[gslots] += area[i]
-        acc.gauge_seconds[gslots] += seconds[i]
-        acc.gauge_peak[gslots] = np.fmax(acc.gauge_peak[gslots], values[i])
 
 
 def _add_peaks(stats: PollStats, acc: Accumulator) -> None:

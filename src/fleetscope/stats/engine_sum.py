@@ -9,6 +9,7 @@ import numpy as np
 
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.identity import Role
+from fleetscope.stats.deltas import EngineDelta
 
 
 @dataclass
@@ -110,3 +111,58 @@ def copy_engine_sum(a: EngineSum) -> EngineSum:
         restarts=a.restarts,
         retired=dict(a.retired),
     )
+
+
+def add_sum(acc: EngineSum, o: EngineSum) -> None:
+    """Add ``o``'s sums to ``acc`` (layouts realigned: series come and go)."""
+    acc.realign(o.layout)
+    acc.current = o.current
+    o2 = copy_engine_sum(o)
+    o2.realign(acc.layout)
+    acc.delta = acc.delta + o2.delta
+    acc.covered += o2.covered
+    acc.spanned += o2.spanned
+    acc.restarts += o2.restarts
+    for sid, vals in o2.retired.items():  # absent from both layouts
+        acc.retired[sid] = combine_retired(acc.retired.get(sid), vals)
+    if o2.gauge_area is not None:
+        assert o2.gauge_seconds is not None and o2.gauge_peak is not None
+        if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
+            acc.gauge_area = o2.gauge_area.copy()
+            acc.gauge_seconds = o2.gauge_seconds.copy()
+            acc.gauge_peak = o2.gauge_peak.copy()
+        else:
+            acc.gauge_area += o2.gauge_area
+            acc.gauge_seconds += o2.gauge_seconds
+            acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
+
+
+def add_rows(layout: EngineLayout, rows: list[tuple[EngineDelta, EngineSum]]) -> None:
+    """Add one poll's deltas of engines of one layout to their sums. An unknown increase (a
+    series invalid on its first scrape, a type change) adds nothing, and its engine's interval
+    counts as not observed: the sums keep every known increase, coverage says what was not
+    (docs/bad-data.md §7). Gauges add value x seconds, seconds and their peak where known."""
+    inc = np.stack([d.delta for d, _ in rows])
+    unknown = np.isnan(inc)
+    lost = unknown[:, layout.cumulative].any(axis=1)
+    inc[unknown] = 0.0
+    for (d, acc), row, gone in zip(rows, inc, lost, strict=True):
+        acc.delta = acc.delta + row
+        if gone:
+            acc.covered -= d.observed_seconds
+    gslots = layout.gauge_slots
+    if not len(gslots):
+        return
+    values = np.stack([d.current.data for d, _ in rows])[:, gslots]
+    secs = np.array([d.seconds for d, _ in rows])[:, None]
+    ok = ~np.isnan(values)
+    area = np.where(ok, values * secs, 0.0)
+    seconds = np.where(ok, secs, 0.0)
+    n = len(layout.slot_ids)
+    for i, (_, acc) in enumerate(rows):
+        if acc.gauge_area is None or acc.gauge_seconds is None or acc.gauge_peak is None:
+            acc.gauge_area, acc.gauge_seconds = np.zeros(n), np.zeros(n)
+            acc.gauge_peak = np.full(n, np.nan)
+        acc.gauge_area[gslots] += area[i]
+        acc.gauge_seconds[gslots] += seconds[i]
+        acc.gauge_peak[gslots] = np.fmax(acc.gauge_peak[gslots], values[i])
