@@ -97,6 +97,7 @@ def test_demo_offline_wandb_matches_jsonl(tmp_path: Path) -> None:
     assert m, report
     run_dir = Path(m.group(1))
     assert run_dir.is_dir() and run_dir.name.startswith("offline-run-"), run_dir
+    assert run_dir.parent == out / "wandb", run_dir  # OUT/wandb/offline-run-*, not wandb/wandb
     assert f"wandb sync {run_dir}" in report
     assert "run_status: success" in report
     assert not list(home.rglob("*.netrc")) and "api_key" not in proc.stderr.lower()

@@ -5,7 +5,8 @@ What is changed, and only that: the README's placeholder servers (``http://gpu0:
 ``http://p0:8000``...: hosts that do not exist here) are replaced by simulated vLLM servers
 (``fleetscope_sim``) on loopback ports the OS picks, one per distinct placeholder, and
 files the commands name (``before.prom``, ``fleet.txt``) are created in the working folder.
-``fleetscope simulate --endpoints 4 --dp 2 --port-base 18000`` runs as written, on its ports.
+``fleetscope simulate ... --port-base 18000`` runs with its ``--port-base`` rewritten to free
+ports: a reader may be running the README's simulator on those very ports.
 Commands that run until stopped are stopped with SIGTERM once they have shown a poll (an
 event: output, a file's content), and must then exit 0. ``fleetscope demo`` is run end to end
 by tests/cli/test_demo_wandb.py and only recognised here. A README command this file does not
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -162,12 +165,35 @@ def with_sim_servers(command: str, stack: list) -> tuple[str, dict[str, str]]:
     return PLACEHOLDER.sub(lambda m: urls[m.group(1)], command), urls
 
 
+def free_port_base(n: int) -> int:
+    """The first of ``n`` consecutive ports nobody listens on now: the README's own ports may
+    be taken by a simulator its reader started (the suite never needs them free)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 60000 - n)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
 def check_simulate(command: str, argv: list[str], cwd: Path, env: dict, procs: list) -> None:
     n = int(re.search(r"--endpoints (\d+)", command).group(1))
+    port = free_port_base(n)  # the README's --port-base, rewritten to free ports
+    i = argv.index("--port-base")
+    argv = [*argv[: i + 1], str(port), *argv[i + 2 :]]
     proc = Proc(argv, cwd, env)
     procs.append(proc)  # killed by the test whatever happens
     proc.wait_for(lambda: proc.text().count("/metrics") >= n, f"{n} servers listed")
-    port = int(re.search(r"--port-base (\d+)", command).group(1))
     for i in range(n):
         r = httpx.get(f"http://127.0.0.1:{port + i}/metrics", timeout=30)
         kind = "sglang:" if "--engines mixed" in command and i % 2 else "vllm:"

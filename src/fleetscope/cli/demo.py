@@ -60,9 +60,9 @@ async def run_demo(
         try:
             from fleetscope.sinks.wandb import WandbSink
 
+            # W&B keeps its files in a `wandb` folder of the dir it is given: OUT/wandb/
+            sinks.append(WandbSink(project="fleetscope-demo", dir=str(out_dir), name="demo"))
             wandb_dir = out_dir / "wandb"
-            wandb_dir.mkdir(exist_ok=True)
-            sinks.append(WandbSink(project="fleetscope-demo", dir=str(wandb_dir), name="demo"))
         except ImportError as e:
             print(f"W&B not installed ({e}); logging to JSONL only")
             wandb_dir = None
@@ -175,7 +175,7 @@ def print_report(result: DemoResult) -> None:
     # soft_wrap: a path longer than the console is never broken across lines (copy-paste)
     c.print(f"JSONL (every poll + summary): [bold]{escape(str(result.jsonl))}[/]", soft_wrap=True)
     if result.wandb_dir is not None:
-        runs = sorted(result.wandb_dir.glob("wandb/*run-*"))
+        runs = sorted(result.wandb_dir.glob("*run-*"))
         where = escape(str(runs[-1] if runs else result.wandb_dir))
         c.print(f"W&B run files: [bold]{where}[/]", soft_wrap=True)
         c.print(f"upload later with: wandb sync {where}", soft_wrap=True)

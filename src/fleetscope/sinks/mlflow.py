@@ -102,8 +102,9 @@ class MlflowSink(SinkBase):
     """Logs fleet keys to an MLflow run: ``run_id`` if given, else a new run.
 
     Args:
-        tracking_uri: MLflow tracking URI (``http://...``, ``sqlite:///mlflow.db``,
-            ``file:...``); None uses MLflow's default (``MLFLOW_TRACKING_URI``, ...).
+        tracking_uri: MLflow tracking URI (``http://...``, or a local database:
+            ``sqlite:///mlflow.db``); None uses MLflow's default (``MLFLOW_TRACKING_URI``,
+            ...). MLflow 3 refuses new runs in a ``file:`` store (``./mlruns``).
         experiment: experiment name for the run the sink creates (created if missing).
         run_id: log into this existing run instead, and leave it open on close.
         run_name: name of the run the sink creates.
