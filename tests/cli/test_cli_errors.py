@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, VLLM_DIR
 from fleetscope.sinks.jsonl import read_jsonl
 from fleetscope_sim import FleetServer, SimFleet
+from support.paths import ROOT, VLLM_DIR
 
 DEADLINE_S = 120  # a bound on waiting for a loaded machine, not an expected time
 ENTRY_POINT = Path(sys.executable).with_name("fleetscope")
@@ -46,13 +46,15 @@ def fleetscope(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     kw.setdefault("env", env())
     if "stdout" not in kw:
         kw["capture_output"] = True
-    return subprocess.run(
+    # the overload mypy picks is lost with ``**kw: object``: the ignore makes the call Any
+    proc: subprocess.CompletedProcess[str] = subprocess.run(
         [str(ENTRY_POINT), *args],
         text=True,
         timeout=DEADLINE_S,
         check=False,
         **kw,  # type: ignore[call-overload]
     )
+    return proc
 
 
 def problem_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:

@@ -14,7 +14,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -34,7 +36,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait(predicate, what: str, timeout: float = 120.0) -> None:
+def _wait(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -55,7 +57,7 @@ def test_isolation_modes_are_chosen_by_option_and_fleet_size() -> None:
     try:
         assert isinstance(big, Collector) and isinstance(big.backend, ProcessBackend)
     finally:
-        big.backend.link.close()
+        cast(ProcessBackend, big.backend).link.close()  # asserted above
 
 
 async def test_a_killed_child_is_restarted_with_its_state_and_the_window_continues(
@@ -134,6 +136,7 @@ def test_the_child_never_outlives_the_trainer(tmp_path: Path) -> None:
             if trainer.poll() is None:
                 trainer.kill()
                 trainer.wait(30)
+            assert trainer.stdout is not None
             trainer.stdout.close()
 
 
@@ -180,6 +183,7 @@ def test_sigint_to_the_process_group_still_gives_the_run_summary(tmp_path: Path)
             if trainer.poll() is None:
                 trainer.kill()
                 trainer.wait(30)
+            assert trainer.stdout is not None
             trainer.stdout.close()
     text = out.read_text()
     assert "run_status" in text and "success" in text  # the summary reached the sink
