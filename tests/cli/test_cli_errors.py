@@ -46,13 +46,15 @@ def fleetscope(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     kw.setdefault("env", env())
     if "stdout" not in kw:
         kw["capture_output"] = True
-    return subprocess.run(
+    # the overload mypy picks is lost with ``**kw: object``: the ignore makes the call Any
+    proc: subprocess.CompletedProcess[str] = subprocess.run(
         [str(ENTRY_POINT), *args],
         text=True,
         timeout=DEADLINE_S,
         check=False,
         **kw,  # type: ignore[call-overload]
     )
+    return proc
 
 
 def problem_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:

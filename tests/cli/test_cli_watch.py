@@ -14,7 +14,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -31,7 +33,9 @@ def fleetscope_cmd() -> list[str]:
     return [script] if Path(script).exists() else [sys.executable, "-m", "fleetscope.cli"]
 
 
-def wait_until(predicate, proc: subprocess.Popen | None = None, what: str = "") -> None:
+def wait_until(
+    predicate: Callable[[], object], proc: subprocess.Popen[str] | None = None, what: str = ""
+) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         if predicate():
@@ -47,7 +51,7 @@ def polls_in(path: Path) -> int:
 
 
 @pytest.fixture
-def sim_url():
+def sim_url() -> Iterator[str]:
     fleet = SimFleet(seed=5)
     fleet.add_endpoint(dp=2)
     fleet.step(3.0)
@@ -108,7 +112,7 @@ def test_watch_stops_cleanly_on_signal(tmp_path: Path, sim_url: str, sig: int) -
     if use_wandb:
         runs = list((tmp_path / "wb").rglob("offline-run-*"))
         assert len(runs) == 1, runs
-        proc = subprocess.run(
+        leet = subprocess.run(
             [sys.executable, "-m", "wandb", "leet", "inspect", str(runs[0]), "--json"],
             capture_output=True,
             text=True,
@@ -116,8 +120,8 @@ def test_watch_stops_cleanly_on_signal(tmp_path: Path, sim_url: str, sig: int) -
             env=env,
             check=False,
         )
-        assert proc.returncode == 0, proc.stderr
-        records = [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
+        assert leet.returncode == 0, leet.stderr
+        records = [json.loads(x) for x in leet.stdout.splitlines() if x.strip()]
         exits = [r for r in records if r["type"] == "exit"]
         assert len(exits) == 1 and exits[0]["exit"].get("exit_code", 0) == 0, exits  # finished
 
@@ -141,7 +145,7 @@ def test_stop_on_signals_background_thread_mode_chains_previous_handler() -> Non
 
     calls: list[tuple[int, str]] = []
 
-    def previous(signum, frame) -> None:
+    def previous(signum: int, frame: FrameType | None) -> None:
         calls.append((signum, threading.current_thread().name))
 
     old = signal.signal(signal.SIGUSR1, previous)

@@ -31,7 +31,7 @@ def same(a: Any, b: Any) -> bool:
     """W&B writes non-finite floats as strings, JSONL as null; everything else is exact."""
     if isinstance(a, str) and a in NONFINITE:
         return b is None
-    return a == b
+    return bool(a == b)
 
 
 def leet_records(path: Path, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -102,7 +102,8 @@ def test_demo_offline_wandb_matches_jsonl(tmp_path: Path) -> None:
     assert "run_status: success" in report
     assert not list(home.rglob("*.netrc")) and "api_key" not in proc.stderr.lower()
 
-    polls, summary = read_jsonl(jsonl)
+    polls, jsonl_summary = read_jsonl(jsonl)
+    summary: dict[str, Any] = jsonl_summary  # JSON scalars, compared with numbers below
     assert len(polls) >= 8
     # the closing line counts what the summary and the JSONL count (the final poll included)
     assert f"polls: {len(polls)} " in report, report

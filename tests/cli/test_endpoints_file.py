@@ -10,23 +10,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from fleetscope import cli
+
+if TYPE_CHECKING:
+    from fleetscope.sources.http.source import Endpoint
+
+#: one pause of the follower: its kind and what the test does then (None: nothing)
+Step = tuple[str, Callable[[], object] | None]
 
 
 class FakeCollector:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def set_endpoints(self, endpoints):
+    def set_endpoints(self, endpoints: Sequence[Endpoint]) -> tuple[list[Endpoint], list[str]]:
         self.calls.append([e.url for e in endpoints])
         return [], []
 
 
-def run_follower(path: Path, script, *, applied: str | None = None) -> FakeCollector:
+def run_follower(
+    path: Path, script: Sequence[Step], *, applied: str | None = None
+) -> FakeCollector:
     """Run the follower; ``script`` is a list of ``(kind, action)`` hooks consumed one per
     pause: kind "settle" (between the two reads) or "interval" (between rounds). Stops when
     the script is used up."""
@@ -45,7 +55,12 @@ def run_follower(path: Path, script, *, applied: str | None = None) -> FakeColle
     async def main() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await cli.follow_endpoints_file(
-                collector, str(path), [], 1.0, pause=pause, applied=applied
+                collector,  # type: ignore[arg-type]  # a fake: only set_endpoints is called
+                str(path),
+                [],
+                1.0,
+                pause=pause,
+                applied=applied,
             )
 
     asyncio.run(main())

@@ -64,7 +64,8 @@ def run_inspect(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, fl
     )
     out = capsys.readouterr().out
     assert rc == 0
-    return json.loads(out)
+    keys: dict[str, float] = json.loads(out)
+    return keys
 
 
 def test_inspect_single_load_to_after_gives_the_true_values(
@@ -137,7 +138,7 @@ def test_inspect_dp2_idle_to_load_reports_both_engines(capsys: pytest.CaptureFix
     assert keys["inference/agg/engines_reporting"] == 2.0
 
 
-def _run(capsys: pytest.CaptureFixture[str], prev, cur, *extra) -> str:
+def _run(capsys: pytest.CaptureFixture[str], prev: Path, cur: Path, *extra: str) -> str:
     rc = cli.main(["inspect", str(prev), str(cur), "--json", *extra])
     assert rc == 0
     return capsys.readouterr().out

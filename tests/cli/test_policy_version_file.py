@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_cli_watch import DEADLINE_S, base_env, fleetscope_cmd, wait_until
@@ -24,7 +25,7 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def rows(path: Path) -> list[dict]:
+def rows(path: Path) -> list[dict[str, Any]]:
     return [p["metrics"] for p in read_jsonl(path)[0]] if path.exists() else []
 
 

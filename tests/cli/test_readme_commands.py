@@ -26,11 +26,14 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
 
+from fleetscope.identity import Role
 from fleetscope_sim import FleetServer, SimFleet
 from support.paths import ROOT, VLLM_DIR
 
@@ -89,14 +92,14 @@ class Proc:
             t.start()
 
     @staticmethod
-    def _pump(stream, sink: list[str]) -> None:
+    def _pump(stream: IO[str], sink: list[str]) -> None:
         for line in iter(stream.readline, ""):
             sink.append(line)
 
     def text(self) -> str:
         return "".join(self.out) + "".join(self.err)
 
-    def wait_for(self, predicate, what: str) -> None:
+    def wait_for(self, predicate: Callable[[], object], what: str) -> None:
         deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline:
             if predicate():
@@ -148,14 +151,16 @@ def workdir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return tmp_path, env
 
 
-def with_sim_servers(command: str, stack: list) -> tuple[str, dict[str, str]]:
+def with_sim_servers(command: str, stack: list[FleetServer]) -> tuple[str, dict[str, str]]:
     """The command with each placeholder server replaced by a simulated one (same role)."""
     hosts = list(dict.fromkeys(PLACEHOLDER.findall(command)))
     if not hosts:
         return command, {}
     fleet = SimFleet(seed=11)
     for host in hosts:
-        role = "prefill" if host.startswith("p") else "decode" if host.startswith("d") else None
+        role: Role | None = (
+            "prefill" if host.startswith("p") else "decode" if host.startswith("d") else None
+        )
         fleet.add_endpoint(role=role, dp=1)
     fleet.step(3.0)
     server = FleetServer(fleet, step_interval=0.25)
@@ -186,8 +191,12 @@ def free_port_base(n: int) -> int:
     raise AssertionError(f"no {n} consecutive free ports")
 
 
-def check_simulate(command: str, argv: list[str], cwd: Path, env: dict, procs: list) -> None:
-    n = int(re.search(r"--endpoints (\d+)", command).group(1))
+def check_simulate(
+    command: str, argv: list[str], cwd: Path, env: dict[str, str], procs: list[Proc]
+) -> None:
+    endpoints = re.search(r"--endpoints (\d+)", command)
+    assert endpoints is not None, command
+    n = int(endpoints.group(1))
     port = free_port_base(n)  # the README's --port-base, rewritten to free ports
     i = argv.index("--port-base")
     argv = [*argv[: i + 1], str(port), *argv[i + 2 :]]
@@ -201,7 +210,7 @@ def check_simulate(command: str, argv: list[str], cwd: Path, env: dict, procs: l
     assert proc.stop(signal.SIGINT) == 0, proc.text()
 
 
-def check_demo(argv: list[str], cwd: Path, env: dict) -> None:
+def check_demo(argv: list[str], cwd: Path, env: dict[str, str]) -> None:
     """--engines mixed: a vLLM + SGLang fleet, end to end."""
     from fleetscope.sinks.jsonl import read_jsonl
 
@@ -217,7 +226,7 @@ def check_demo(argv: list[str], cwd: Path, env: dict) -> None:
     assert s[ttft + "pooled_bounds"] == 6.0 and ttft + "p90" in s
 
 
-def check_inspect(command: str, argv: list[str], cwd: Path, env: dict) -> None:
+def check_inspect(command: str, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
     for name in re.findall(r"(\S+\.prom)", command):
         src = "single_load.prom" if "before" in name else "single_after.prom"
         shutil.copy(VLLM_DIR / src, cwd / name)
@@ -227,7 +236,7 @@ def check_inspect(command: str, argv: list[str], cwd: Path, env: dict) -> None:
     assert "generation_tokens_total" in p.stdout
 
 
-def check_watch_once(argv: list[str], cwd: Path, env: dict) -> None:
+def check_watch_once(argv: list[str], cwd: Path, env: dict[str, str]) -> None:
     p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=DEADLINE_S)  # fmt: skip
     assert p.returncode == 0, p.stderr
@@ -235,7 +244,9 @@ def check_watch_once(argv: list[str], cwd: Path, env: dict) -> None:
     assert keys["inference/agg/engines_reporting"] == 1
 
 
-def check_watch(argv: list[str], cwd: Path, env: dict, stack: list, procs: list) -> None:
+def check_watch(
+    argv: list[str], cwd: Path, env: dict[str, str], stack: list[FleetServer], procs: list[Proc]
+) -> None:
     from fleetscope.sinks.jsonl import read_jsonl
 
     files = [a for a in argv if a.endswith(".txt")]
@@ -262,12 +273,12 @@ def check_watch(argv: list[str], cwd: Path, env: dict, stack: list, procs: list)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_readme_command(command: str, workdir) -> None:
+def test_readme_command(command: str, workdir: tuple[Path, dict[str, str]]) -> None:
     cwd, env = workdir
     sub = shlex.split(command)[1]
     if sub == "demo" and "--engines" not in command:
         pytest.skip("run end to end by tests/cli/test_demo_wandb.py")
-    stack: list = []
+    stack: list[FleetServer] = []
     procs: list[Proc] = []
     try:
         cmd, _ = with_sim_servers(command, stack)

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import pytest
@@ -20,6 +22,11 @@ from fleetscope.sources.base import MembershipSource, Source
 from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.prometheus import PrometheusSource
 from fleetscope_sim import FleetServer, SimFleet
+
+if TYPE_CHECKING:
+    from fleetscope.fleet.state import PollResult
+    from fleetscope.health import HealthEvent
+    from fleetscope.sinks.base import Value
 
 
 def test_public_api_imports_from_the_top_level() -> None:
@@ -45,14 +52,15 @@ def test_public_api_imports_from_the_top_level() -> None:
 def test_engine_id_is_a_value_never_split() -> None:
     e = EngineId("rack1", "a.b")
     assert (e.endpoint, e.label, str(e)) == ("rack1", "a.b", "rack1.a.b")
-    assert {e: 1}["rack1.a.b"] == 1  # usable where the rendered id is expected
+    by_id: dict[str, int] = {e: 1}  # an EngineId is a str: keys by the rendered id
+    assert by_id["rack1.a.b"] == 1  # usable where the rendered id is expected
     row = EngineId("rack1")
     assert row.endpoint == "rack1" and not row.is_engine
     assert EngineId.from_json(json.loads(json.dumps(e.to_json()))).endpoint == "rack1"
 
 
 @pytest.mark.parametrize("bad", ["rack1.gpu0", "a/b", "sp ace", ".x"])
-def test_endpoint_names_with_separators_are_refused(bad) -> None:
+def test_endpoint_names_with_separators_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="endpoint name"):
         Endpoint("http://127.0.0.1:1", name=bad)
 
@@ -75,7 +83,8 @@ async def test_removing_an_endpoint_drops_exactly_its_engines() -> None:
         c.remove_endpoints("rack1")
         view = await c.poll()
         await c.stop()
-    left = c.state.baselines.engines()
+    # the collector's baselines are keyed by EngineId (Baselines.engines() says list[str])
+    left = cast("list[EngineId]", c.state.baselines.engines())
     assert all(e.endpoint == "rack10" for e in left), left
     assert set(view.engines) == {"rack10.0"}
     assert all(isinstance(e, EngineId) for e in view.engines)
@@ -97,7 +106,7 @@ def test_endpoints_and_a_source_together_are_refused() -> None:
 def _prometheus_transport(state: dict[str, float]) -> httpx.MockTransport:
     """A Prometheus API whose one target was scraped at ``state['t']`` (wall clock)."""
 
-    def vector(rows):
+    def vector(rows: list[tuple[dict[str, str], float]]) -> httpx.Response:
         result = [{"metric": m, "value": [state["t"], repr(v)]} for m, v in rows]
         return httpx.Response(
             200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
@@ -139,7 +148,7 @@ async def test_prometheus_source_times_are_this_process_monotonic_clock() -> Non
     state.update(t=time.time(), tokens=25.0)
     await asyncio.sleep(0.3)
     await c.stop()  # the window is still open: closed at the end of the run
-    s = c.summary()
+    s: dict[str, Any] = c.summary()  # float values, and the run status (str)
     assert s["inference_summary/train/agg/generation_tokens_total/delta"] == 20.0
     assert s["inference_summary/train/active_seconds"] > 0.2
 
@@ -148,25 +157,25 @@ class _AllHooks:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def log(self, metrics, *, step, wall_time) -> None:
+    def log(self, metrics: Mapping[str, Value], *, step: int, wall_time: float) -> None:
         self.calls.append("log")
 
-    def log_poll(self, result) -> None:
+    def log_poll(self, result: PollResult) -> None:
         self.calls.append("log_poll")
 
-    def log_events(self, events) -> None:
+    def log_events(self, events: Sequence[HealthEvent]) -> None:
         self.calls.append("log_events")
 
-    def log_summary(self, summary) -> None:
+    def log_summary(self, summary: Mapping[str, Value]) -> None:
         self.calls.append("log_summary")
 
-    def on_window_start(self, label) -> None:
+    def on_window_start(self, label: str) -> None:
         self.calls.append(f"start:{label}")
 
-    def on_window_stop(self, label) -> None:
+    def on_window_stop(self, label: str) -> None:
         self.calls.append(f"stop:{label}")
 
-    def on_run_end(self, status) -> None:
+    def on_run_end(self, status: str) -> None:
         self.calls.append(f"end:{status}")
 
     def close(self) -> None:

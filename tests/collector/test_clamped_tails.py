@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,7 @@ async def test_a_quantile_in_the_inf_bucket_is_flagged(at: float, clamped: bool)
         row = (await c.poll()).keys
         server.routes["/metrics"] = observed(20, at)
         window = await w.astop()
-        summary = dict(c.summary())
+        summary: dict[str, Any] = dict(c.summary())
         await c.stop()
     scopes = {
         "row": (row, base),

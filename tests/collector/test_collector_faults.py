@@ -22,19 +22,22 @@ import math
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import pytest
 
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.fleet.view import counter_increase
-from fleetscope.sources.http.source import Endpoint
+from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.util.warn import RateLimitedWarner
 from fleetscope_sim import FleetServer, SimEndpoint, SimFleet
 from support.promql import promql_bucket_quantile
 from support.simclock import keep_clock_ahead
+
+if TYPE_CHECKING:
+    from fleetscope.stats.deltas import EngineDelta
 
 COUNTERS = (
     "vllm:generation_tokens_total",
@@ -57,6 +60,17 @@ def poll_budget(timeout: float) -> float:
 LOOP_STALL_BUDGET = 0.4
 
 Truth = dict[str, dict[str, float]]  # engine id -> counter family -> ground-truth total
+
+
+def deltas(view: FleetView) -> Mapping[str, EngineDelta]:
+    """The poll's per-engine deltas, looked up by the rendered engine id (``server0.1``): an
+    :class:`~fleetscope.identity.EngineId` key is equal to, and hashed like, its rendering."""
+    return cast("Mapping[str, EngineDelta]", view.result.deltas)
+
+
+def http_source(collector: Collector) -> HttpSource:
+    """The collector's source: the HTTP source of the endpoints it was given."""
+    return cast(HttpSource, collector.source)
 
 
 def _dead_url() -> str:
@@ -111,7 +125,7 @@ class Rig:
         in_gc: list[float] = []
         gc_cpu = [0.0]
 
-        def on_gc(phase: str, info: dict) -> None:
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
             if threading.get_ident() != loop_thread:
                 return
             if phase == "start":
@@ -192,7 +206,7 @@ def assert_exact(view: FleetView, expected: Truth) -> None:
     }
     assert counted == set(expected)
     for eid, want in expected.items():
-        d = view.result.deltas[eid]
+        d = deltas(view)[eid]
         for family, value in want.items():
             got = counter_increase(d, family.removesuffix("_total"))
             assert got == value, (eid, family, got, value)
@@ -279,7 +293,7 @@ async def test_dead_endpoints_are_reported_not_raised_and_others_stay_exact(
             # (a) rate-limited: nothing more about the dead endpoints inside the interval
             assert warnings_about(caplog, "dead0") == []
             assert warnings_about(caplog, "dead1") == []
-            assert r.collector.source._warner.suppressed("dead0:scrape") == i
+            assert http_source(r.collector)._warner.suppressed("dead0:scrape") == i
             # (b), (c)
             assert_reporting(view, failures=2, endpoints=2, expected=4, engines=3)
             assert view.keys["inference/agg/scrape_failures_total"] == 2 * (i + 1)
@@ -299,7 +313,7 @@ async def test_rate_limit_expires_and_reports_what_it_suppressed(
     fleet = fleet_of((1, "single"))
     async with rig(fleet, caplog, extra={"dead0": _dead_url()}) as r:
         clock = [0.0]
-        r.collector.source._warner = RateLimitedWarner(
+        http_source(r.collector)._warner = RateLimitedWarner(
             logging.getLogger("fleetscope"),
             interval=60.0,
             clock=lambda: clock[0],
@@ -439,7 +453,7 @@ async def test_fault_is_reported_once_and_recovery_is_exact(
         view, t3 = await r.poll()
         # (a) a second failure inside the interval logs nothing more about server1
         assert warnings_about(caplog, "server1") == []
-        assert r.collector.source._warner.suppressed("server1:scrape") == 1
+        assert http_source(r.collector)._warner.suppressed("server1:scrape") == 1
         assert_reporting(view, failures=1, endpoints=1, expected=2, engines=1)
         assert view.keys["inference/agg/scrape_failures_total"] == 2
         assert_exact(view, truth_delta(t3, t2, healthy))
@@ -455,8 +469,8 @@ async def test_fault_is_reported_once_and_recovery_is_exact(
         expected = truth_delta(t4, t3, healthy) | truth_delta(t4, t1, faulty)
         assert_exact(view, expected)
         assert view.keys["inference/agg/engine_restarts_total"] == 0
-        d_faulty = view.result.deltas["server1.0"]
-        d_healthy = view.result.deltas["server0.0"]
+        d_faulty = deltas(view)["server1.0"]
+        d_healthy = deltas(view)["server0.0"]
         assert not d_faulty.restarted
         assert d_faulty.seconds > d_healthy.seconds  # its own, longer interval
         summary = r.collector.summary()
@@ -494,7 +508,7 @@ async def test_endpoint_restart_keeps_totals_exact(
         n_restarts = len(view.result.restarts)
         assert view.keys["inference/agg/engine_restarts_total"] == n_restarts
         for eid in restarted:
-            assert view.result.deltas[eid].restarted
+            assert deltas(view)[eid].restarted
             msgs = warnings_about(caplog, f"{eid} restarted")
             assert len(msgs) == 1, msgs
         assert warnings_about(caplog, "scrape of") == []  # a restart is not a failed scrape
@@ -536,8 +550,8 @@ async def test_one_dp_engine_restart_resets_only_that_engine(
         view, t2 = await r.poll()
         assert_exact(view, truth_delta(t2, t1, everyone))
         assert view.result.restarts == ["server0.1"]
-        assert view.result.deltas["server0.1"].restarted
-        assert not view.result.deltas["server0.0"].restarted
+        assert deltas(view)["server0.1"].restarted
+        assert not deltas(view)["server0.0"].restarted
         assert view.keys["inference/agg/engine_restarts_total"] == 1
         msgs = warnings_about(caplog, "server0.1 restarted")
         assert len(msgs) == 1, msgs
@@ -591,8 +605,8 @@ async def test_endpoints_joining_late(caplog: pytest.LogCaptureFixture) -> None:
             t1, started, engines_of(fleet, "server1")
         )
         assert_exact(view, expected)
-        assert view.result.deltas["server2.0"].baseline_only
-        assert view.result.deltas["server3.0"].baseline_only
+        assert deltas(view)["server2.0"].baseline_only
+        assert deltas(view)["server3.0"].baseline_only
         assert view.keys["inference/agg/engine_restarts_total"] == 0  # a new engine, no restart
         assert warnings_about(caplog, "restarted") == []
 
@@ -631,7 +645,7 @@ async def test_series_created_later_count_from_zero(
             for s in ("local_compute", "local_cache_hit", "external_kv_transfer", "remote")
         )
         assert by_source == truth.counter("vllm:prompt_tokens_by_source_total")
-        d = view.result.deltas["server0.1"]
+        d = deltas(view)["server0.1"]
         assert d.series_new >= 2 and not d.restarted
         assert k["inference/agg/engine_restarts_total"] == 0
         # a new series is not a fault, nor a restart

@@ -6,6 +6,7 @@ coverage says that the first interval of that series was not observed (docs/bad-
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ def body(generated: str) -> str:
     return out
 
 
-async def run(first: str) -> tuple[list[float | None], dict[str, float | str]]:
+async def run(first: str) -> tuple[list[float | None], dict[str, Any]]:
     values = [first, "100", "150", "300", "310"]
     with LoopbackServer({"/metrics": body(first)}) as server:
         c = Collector([server.url], interval=3600, fetch_model_info=False, timeout=30)
@@ -34,7 +35,7 @@ async def run(first: str) -> tuple[list[float | None], dict[str, float | str]]:
             server.routes["/metrics"] = body(v)
             view = await c.poll()
             rows.append(view.keys.get(ROW))
-        summary = dict(c.summary())
+        summary: dict[str, Any] = dict(c.summary())
         await c.stop()
     return rows, summary
 

@@ -10,9 +10,10 @@ a removed one up to its last).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ async def rig(n: int = 3) -> AsyncIterator[tuple[SimFleet, dict[str, str]]]:
         yield fleet, {ep.name: server.url(ep.name) for ep in fleet.endpoints}
 
 
-def collector(endpoints) -> Collector:
+def collector(endpoints: Sequence[str | Endpoint]) -> Collector:
     return Collector(endpoints, interval=3600, timeout=2.0, fetch_model_info=False, verify=False)
 
 
@@ -175,7 +176,7 @@ async def test_an_empty_collector_can_be_filled_from_another_thread() -> None:
 # --------------------------------------------------------------------------- the CLI
 
 
-def _engines_in(poll: dict) -> set[str]:
+def _engines_in(poll: dict[str, Any]) -> set[str]:
     """Engine ids with per-engine keys in one JSONL poll."""
     out = set()
     for k in poll["metrics"]:
@@ -285,6 +286,7 @@ def test_a_new_process_is_expected_only_from_its_start() -> None:
     from the start of that interval, not from the window's start. One that leaves for good is
     expected up to its last scrape. Both covered throughout: coverage 1."""
     from fleetscope.exposition import Parser
+    from fleetscope.identity import EngineId
     from fleetscope.stats.baselines import Baselines
     from fleetscope.stats.reduce import EngineInput
     from fleetscope.stats.windows import WindowSet
@@ -307,7 +309,7 @@ def test_a_new_process_is_expected_only_from_its_start() -> None:
     times = poll(100.0, {"a.0": None, "old.0": None})
     windows.start("w", 100.0, times)
     poll(110.0, {"a.0": None, "old.0": None})
-    windows.engine_leaves("old.0", 110.0)  # gone for good after its scrape at 110
+    windows.engine_leaves(EngineId("old", "0"), 110.0)  # gone for good after its scrape at 110
     poll(120.0, {"a.0": None, "new.0": 4.0})  # started after 116: counted from 0
     w = windows.stop("w", 130.0, poll(130.0, {"a.0": None, "new.0": None}))
     assert w.acc.expected == {"a.0": 30.0, "old.0": 10.0, "new.0": 14.0}

@@ -15,7 +15,7 @@ import asyncio
 import io
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +26,7 @@ import pytest
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.health import CONDITIONS, HealthEvent, HealthMonitor, HealthThresholds
 from fleetscope.sinks.terminal import STATUS, TerminalSink
+from fleetscope.sources.base import ScrapeResult
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, LoadProfile, SimFleet
 from support.loads import KV_PRESSURE_LOAD
@@ -328,14 +329,14 @@ class _Stats:
     def engine(self, eid: str) -> dict[str, float]:
         return self._rows[eid]
 
-    def engine_values(self, columns) -> dict[str, dict[str, float]]:
+    def engine_values(self, columns: Sequence[str]) -> dict[str, dict[str, float]]:
         return {e: {c: v for c, v in m.items() if c in columns} for e, m in self._rows.items()}
 
 
 class _Result:
     def __init__(self, rows: dict[str, dict[str, float]]) -> None:
         self.stats = _Stats(rows)
-        self.scrapes: list = []
+        self.scrapes: list[ScrapeResult] = []
 
 
 def _decode_rows(gen: dict[str, float], kv: float = 0.5) -> dict[str, dict[str, float]]:
@@ -411,7 +412,9 @@ def test_streaks_need_their_seconds_too() -> None:
     assert next(i for i, c in enumerate(seen) if "queue_growing" in c) == 4
 
 
-def _sglang_replay(path: str, decode_growth: float, times=(0.0, 20.0, 40.0)) -> list[list]:
+def _sglang_replay(
+    path: str, decode_growth: float, times: Sequence[float] = (0.0, 20.0, 40.0)
+) -> list[list[HealthEvent]]:
     """A real SGLang 0.5.23 body replayed at ``times``: its tokenizer counters unchanged (long
     requests, none finished: SGLang counts generation tokens when a request finishes), its
     scheduler's decode counter grown by ``decode_growth`` per replay."""
@@ -425,7 +428,11 @@ def _sglang_replay(path: str, decode_growth: float, times=(0.0, 20.0, 40.0)) -> 
     state, parser, monitor = FleetState(), Parser(), HealthMonitor()
     out = []
     for n, t in enumerate(times):
-        text = decode.sub(lambda m, n=n: f"{m[1]} {float(m[2]) + n * decode_growth!r}", body)
+
+        def grown(m: re.Match[str], n: int = n) -> str:
+            return f"{m[1]} {float(m[2]) + n * decode_growth!r}"
+
+        text = decode.sub(grown, body)
         expo = parser.parse(text, time=t, wall_time=1e9 + t)
         result = state.observe([ScrapeResult("sg", expo, t, 1e9 + t)])
         out.append(monitor.evaluate(result, {}))

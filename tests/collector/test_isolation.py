@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -39,7 +39,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait(predicate, what: str, timeout: float = 120.0) -> None:
+def _wait(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -91,7 +91,7 @@ def test_isolation_modes_are_chosen_by_option_and_fleet_size() -> None:
     try:
         assert isinstance(big, Collector) and isinstance(big.backend, ProcessBackend)
     finally:
-        big.backend.link.close()
+        cast(ProcessBackend, big.backend).link.close()  # asserted above
 
 
 async def test_a_killed_child_is_restarted_with_its_state_and_the_window_continues(
@@ -232,6 +232,7 @@ def test_the_child_never_outlives_the_trainer(tmp_path: Path) -> None:
             if trainer.poll() is None:
                 trainer.kill()
                 trainer.wait(30)
+            assert trainer.stdout is not None
             trainer.stdout.close()
 
 
@@ -293,7 +294,8 @@ def test_the_child_dies_with_the_trainer_whatever_thread_started_it_and_whoever_
             if trainer.poll() is None:
                 trainer.kill()
                 trainer.wait(30)
-            trainer.stdout.close()
+            if trainer.stdout is not None:
+                trainer.stdout.close()
 
 
 @pytest.mark.parametrize("watch", ["pidfd", "parent-pid"])
@@ -339,7 +341,8 @@ def test_a_child_watching_its_parent_exits_when_that_process_dies(
         if trainer.poll() is None:
             trainer.kill()
             trainer.wait(30)
-        trainer.stdout.close()
+        if trainer.stdout is not None:
+            trainer.stdout.close()
 
 
 def test_sigint_to_the_process_group_still_gives_the_run_summary(tmp_path: Path) -> None:
@@ -386,6 +389,7 @@ def test_sigint_to_the_process_group_still_gives_the_run_summary(tmp_path: Path)
             if trainer.poll() is None:
                 trainer.kill()
                 trainer.wait(30)
+            assert trainer.stdout is not None
             trainer.stdout.close()
     text = out.read_text()
     assert "run_status" in text and "success" in text  # the summary reached the sink
@@ -448,11 +452,11 @@ async def test_a_killed_child_costs_coverage_in_the_run_labels_too(in_window: bo
         w = c.window("train")
         if in_window:
             await w.astart()
-        first = c.backend.link._child
+        first = cast(ProcessBackend, c.backend).link._child
         assert first is not None
         fleet.step(1.0)
         await c.poll()
-        c.backend.link.kill()
+        cast(ProcessBackend, c.backend).link.kill()
         _wait(lambda: not first.alive, "the child to die")
         fleet.step(1.0)
         await c.poll()  # a new child: fresh baselines, the gap unseen
@@ -460,7 +464,7 @@ async def test_a_killed_child_costs_coverage_in_the_run_labels_too(in_window: bo
         await c.poll()
         if in_window:
             await w.astop()
-        summary = dict(c.summary())
+        summary: dict[str, Any] = dict(c.summary())
         await c.stop()
     assert summary["inference_summary/combined/coverage"] < 1.0
     idle = summary["inference_summary/idle/coverage"]

@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
 
-from fleetscope.collector.core import Collector
+from fleetscope.collector.core import Collector, FleetView
 from fleetscope.health import CONDITIONS, HealthThresholds
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
+from fleetscope_sim.rl import PendingCall
+from fleetscope_sim.rl_http import Answer
 
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
@@ -44,7 +47,7 @@ class Rig:
     def gens(self) -> dict[str, float]:
         return {n: self.gen(n) for n in NAMES}
 
-    def collector(self, **kw) -> Collector:
+    def collector(self, **kw: Any) -> Collector:
         kw.setdefault("interval", 3600)  # polls only when the test asks
         kw.setdefault("timeout", 2.0)
         kw.setdefault("fetch_model_info", False)
@@ -72,13 +75,13 @@ async def rig(seed: int = 5) -> AsyncIterator[Rig]:
         server.stop()
 
 
-async def step_and_poll(r: Rig, c: Collector, dt: float = 1.0):
+async def step_and_poll(r: Rig, c: Collector, dt: float = 1.0) -> FleetView:
     r.fleet.step(dt)
     await asyncio.sleep(0.02)
     return await c.poll()
 
 
-def rl_keys(keys: dict) -> dict:
+def rl_keys(keys: Mapping[str, float]) -> dict[str, float]:
     return {k: v for k, v in keys.items() if k.startswith("inference/rl/")}
 
 
@@ -229,7 +232,9 @@ async def test_a_slow_weight_info_never_lengthens_the_poll() -> None:
         c.set_policy_version("default")
         orig = r.fleet.endpoint("server0").rl.answer
 
-        def slow(method: str, path: str, body: bytes, query: str = ""):
+        def slow(
+            method: str, path: str, body: bytes = b"", query: str = ""
+        ) -> Answer | PendingCall | None:
             if path == "/weight_info":
                 time.sleep(2.0)  # blocks the simulator's loop: every request waits
             return orig(method, path, body, query)
@@ -410,7 +415,7 @@ async def test_versions_and_sync_totals_survive_a_checkpoint() -> None:
         stale = view.keys["inference/rl/stale_generation_tokens"]
         assert stale > 0
         saved = json.loads(json.dumps(c.state_dict()))
-        before = c.summary()
+        before: dict[str, Any] = c.summary()  # float values, and the run status (str)
         await c.stop()
         c2 = r.collector()
         c2.load_state_dict(saved)

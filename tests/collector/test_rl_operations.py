@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 import pytest
 
 from fleetscope.catalog import BREAKDOWN_LABELS
 from fleetscope.exposition import Parser
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState
+from fleetscope.identity import Role
 from fleetscope.rl.operations import operation_keys, poll_rows
+from fleetscope.sources.base import ScrapeResult
 from support.bodies import bucket_values, sample_values
 from support.paths import DATA
 from support.promql import promql_bucket_quantile
@@ -41,8 +44,11 @@ OPERATIONS = {
 }
 
 
-def _calls(run: str) -> list[dict]:
-    return json.loads((DATA / run / "calls.json").read_text(encoding="utf-8"))
+def _calls(run: str) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = json.loads(
+        (DATA / run / "calls.json").read_text(encoding="utf-8")
+    )
+    return calls
 
 
 def _expected_counts(run: str) -> dict[tuple[str, str], int]:
@@ -61,7 +67,8 @@ def _snapshot_wall(run: str, name: str) -> float:
     anchor = next(c for c in calls if "t_start" in c)
     start = datetime.fromisoformat(anchor["wall_utc"]).timestamp() - anchor["t_start"]
     snap = next(c for c in calls if c.get("metrics_snapshot") == f"{name}.prom")
-    return start + snap["t"]
+    wall: float = start + snap["t"]
+    return wall
 
 
 def _observe(run: str, *, operations: bool = False) -> dict[str, float]:
@@ -180,7 +187,7 @@ async def test_per_endpoint_operations_in_windows_and_the_run_summary() -> None:
     from fleetscope.sources.http.source import Endpoint
     from fleetscope_sim import FleetServer, SimFleet
 
-    roles = {"server0": "decode", "server1": "decode", "server2": "prefill"}
+    roles: dict[str, Role] = {"server0": "decode", "server1": "decode", "server2": "prefill"}
     fleet = SimFleet(seed=3)
     for name, role in roles.items():
         fleet.add_endpoint(dp=2 if name == "server1" else 1, name=name, role=role)

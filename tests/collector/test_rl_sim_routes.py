@@ -12,14 +12,15 @@ handler (``SimRL.hold``) is waited on through its ``entered`` event, never on a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
 
-from fleetscope.collector.core import Collector
+from fleetscope.collector.core import Collector, FleetView
+from fleetscope.identity import Role
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, LoadProfile, SimFleet
 from fleetscope_sim.rl_metrics import SLEEP_MODE, WEIGHT_UPDATE
@@ -27,7 +28,7 @@ from fleetscope_sim.rl_metrics import SLEEP_MODE, WEIGHT_UPDATE
 pytestmark = pytest.mark.usefixtures("isolation")  # both collector modes
 
 DP = {"server0": 1, "server1": 2, "server2": 1}
-ROLE = {"server0": "decode", "server1": "decode", "server2": "prefill"}
+ROLE: dict[str, Role] = {"server0": "decode", "server1": "decode", "server2": "prefill"}
 RL = "rl_weight_update_operation_duration_seconds"
 SLEEP = "sleep_mode_operation_duration_seconds"
 CHUNK = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[4]], "ipc_handles": [{}]}
@@ -60,15 +61,22 @@ async def rig() -> AsyncIterator[tuple[SimFleet, FleetServer, Collector, httpx.A
         server.stop()
 
 
-async def step_and_poll(fleet: SimFleet, c: Collector, dt: float = 1.0):
+async def step_and_poll(fleet: SimFleet, c: Collector, dt: float = 1.0) -> FleetView:
     fleet.step(dt)
     return await c.poll()
 
 
 async def call(
-    h: httpx.AsyncClient, server: FleetServer, name: str, path: str, body: Any = None, **query
+    h: httpx.AsyncClient,
+    server: FleetServer,
+    name: str,
+    path: str,
+    body: Any = None,
+    **query: str | int | list[str],
 ) -> tuple[int, Any]:
-    params = [(k, v) for k, vs in query.items() for v in (vs if isinstance(vs, list) else [vs])]
+    params: list[tuple[str, str | int | float | bool | None]] = [
+        (k, v) for k, vs in query.items() for v in (vs if isinstance(vs, list) else [vs])
+    ]
     resp = await h.post(server.url(name) + path, json=body, params=params)
     return resp.status_code, resp.json()
 
@@ -78,7 +86,7 @@ def truth_of(fleet: SimFleet, name: str, op: str) -> tuple[int, float]:
     return (0, 0.0) if hist is None else (hist.count, hist.sum)
 
 
-def assert_endpoint_rows(keys: dict, fleet: SimFleet) -> int:
+def assert_endpoint_rows(keys: Mapping[str, float], fleet: SimFleet) -> int:
     """Every endpoint's per-operation running totals are its truth; none is on an engine."""
     checked = 0
     for name in DP:
@@ -117,7 +125,7 @@ async def test_sleep_mode_operations_and_asleep_engine_seconds_follow_the_gauge(
         run: dict[str, float] = {}
         polls = 0
 
-        async def check_poll(expect_paused: dict[str, bool]) -> dict:
+        async def check_poll(expect_paused: dict[str, bool]) -> Mapping[str, float]:
             nonlocal polls
             view = await step_and_poll(fleet, c)
             keys = view.keys
@@ -241,14 +249,15 @@ async def test_weight_transfer_sequence_per_operation_counts_and_versions() -> N
                 assert got == (200, {"message": "Weight update finished"})
                 assert (await call(h, server, n, "/resume"))[0] == 200
             fleet.step(0.5)
+        assert c.last is not None
         row = c.last.result.keys  # the exit poll's row
         k = sync.keys
         for op in ("init", "start", "update", "finish"):
-            n = sum(truth_of(fleet, name, op)[0] for name in DP)
-            s = sum(truth_of(fleet, name, op)[1] for name in DP)
-            assert k[f"inference/rl/sync/engine_update_count{{operation={op}}}"] == n, op
-            got = k[f"inference/rl/sync/engine_update_seconds{{operation={op}}}"]
-            assert got == pytest.approx(s, rel=1e-12), op
+            count = sum(truth_of(fleet, name, op)[0] for name in DP)
+            seconds = sum(truth_of(fleet, name, op)[1] for name in DP)
+            assert k[f"inference/rl/sync/engine_update_count{{operation={op}}}"] == count, op
+            got_seconds = k[f"inference/rl/sync/engine_update_seconds{{operation={op}}}"]
+            assert got_seconds == pytest.approx(seconds, rel=1e-12), op
         assert k["inference/rl/sync/engine_update_count{operation=update}"] == 1 + 2 + 3
         assert k["inference/rl/sync/engine_update_count{operation=start}"] == 6  # 3 were 500s
         assert k["inference/rl/sync/engine_update_seconds{operation=update}"] == pytest.approx(
@@ -279,9 +288,9 @@ async def test_weight_transfer_sequence_per_operation_counts_and_versions() -> N
         assert keys["inference/rl/engines_stale"] == 1  # server2 still serves v1
         # a regular row after a sync's boundary rows covers the interval since the previous
         # regular poll (before any transfer call): the sync's calls and these
-        for op, n in (("start", 6 + 3), ("update", 6 + 3), ("finish", 3 + 3)):
-            assert sum(truth_of(fleet, name, op)[0] for name in DP) == n, op
-            assert keys[f"inference/agg/{RL}{{operation={op}}}/delta"] == n, op
+        for op, want in (("start", 6 + 3), ("update", 6 + 3), ("finish", 3 + 3)):
+            assert sum(truth_of(fleet, name, op)[0] for name in DP) == want, op
+            assert keys[f"inference/agg/{RL}{{operation={op}}}/delta"] == want, op
         assert assert_endpoint_rows(keys, fleet) == 4 * 3
 
 

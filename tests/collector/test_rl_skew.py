@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Mapping
 
 import pytest
 from test_rl_lifecycle import GEN, rig, step_and_poll
 
 from fleetscope.collector.core import Collector
+from fleetscope.identity import Role
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
 
@@ -178,7 +180,7 @@ async def test_versions_per_role_per_endpoint_in_windows_and_the_run_summary() -
     version's index. Per window and run label: per endpoint the oldest, newest and last served
     version, per scope the largest lag, per role the shares; the summary names each endpoint's
     last version."""
-    roles = {"server0": "decode", "server1": "decode", "server2": "prefill"}
+    roles: dict[str, Role] = {"server0": "decode", "server1": "decode", "server2": "prefill"}
     fleet = SimFleet(seed=11)
     for name, role in roles.items():
         fleet.add_endpoint(dp=2 if name == "server1" else 1, name=name, role=role)
@@ -192,7 +194,7 @@ async def test_versions_per_role_per_endpoint_in_windows_and_the_run_summary() -
     def gen(name: str) -> float:
         return fleet.endpoint(name).truth_total(GEN)
 
-    async def step() -> dict:
+    async def step() -> Mapping[str, float]:
         fleet.step(1.0)
         await asyncio.sleep(0.01)
         return (await c.poll()).keys

@@ -9,16 +9,20 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 
-from fleetscope.collector.core import Collector
+from fleetscope.collector.core import Collector, FleetView
+from fleetscope.identity import Role
 from fleetscope.rl.states import asleep_from_gauge
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
+from fleetscope_sim.rl import PendingCall
+from fleetscope_sim.rl_http import Answer
 
 DP = {"server0": 1, "server1": 2, "server2": 1}
-ROLE = {"server0": "decode", "server1": "decode", "server2": "prefill"}
+ROLE: dict[str, Role] = {"server0": "decode", "server1": "decode", "server2": "prefill"}
 
 
 class Truth:
@@ -29,7 +33,7 @@ class Truth:
         self.paused: set[str] = set()
         self.asleep: set[str] = set()
 
-    def interval(self, view) -> dict[str, list[float]]:
+    def interval(self, view: FleetView) -> dict[str, list[float]]:
         """Per scope: [paused s, asleep s] of this poll's intervals."""
         out: dict[str, list[float]] = {}
         for sc in view.result.scrapes:
@@ -48,7 +52,7 @@ class Truth:
 
 
 @asynccontextmanager
-async def rig(**kw) -> AsyncIterator[tuple[SimFleet, FleetServer, Collector]]:
+async def rig(**kw: Any) -> AsyncIterator[tuple[SimFleet, FleetServer, Collector]]:
     fleet = SimFleet(seed=3)
     for name, dp in DP.items():
         fleet.add_endpoint(dp=dp, name=name, role=ROLE[name])
@@ -64,7 +68,9 @@ async def rig(**kw) -> AsyncIterator[tuple[SimFleet, FleetServer, Collector]]:
         server.stop()
 
 
-async def step_and_poll(fleet: SimFleet, c: Collector, truth: Truth, sums: dict | None = None):
+async def step_and_poll(
+    fleet: SimFleet, c: Collector, truth: Truth, sums: dict[str, list[float]] | None = None
+) -> tuple[FleetView, dict[str, list[float]]]:
     fleet.step(1.0)
     await asyncio.sleep(0.02)
     view = await c.poll()
@@ -83,7 +89,8 @@ def close(a: float, b: float) -> bool:
 
 async def test_paused_and_sleeping_seconds_per_endpoint_role_fleet_window_and_run() -> None:
     async with rig(rl_probes=True) as (fleet, server, c):
-        truth, run = Truth(), {}
+        truth = Truth()
+        run: dict[str, list[float]] = {}
         await step_and_poll(fleet, c, truth, run)  # baselines: no time covered
         view, iv = await step_and_poll(fleet, c, truth, run)
         k = view.keys
@@ -101,6 +108,7 @@ async def test_paused_and_sleeping_seconds_per_endpoint_role_fleet_window_and_ru
         assert iv["server1"][0] > 0
         # a pause across a window boundary: the window gets only its own part
         await c.window("train").astart()
+        assert c.last is not None
         for scope, (p, _) in truth.interval(c.last).items():  # before the window: idle
             run[scope][0] += p
         win: dict[str, list[float]] = {}
@@ -128,7 +136,7 @@ async def test_paused_and_sleeping_seconds_per_endpoint_role_fleet_window_and_ru
             assert close(keys[f"inference/train/{scope}/sleeping_engine_seconds"], win[scope][1])
         assert 0 < keys["inference/train/server1/paused_share"] < 1
         assert keys["inference/train/server0/paused_share"] == 0
-        summary = c.summary()
+        summary: dict[str, Any] = c.summary()  # float values, and the run status (str)
         for scope in ("agg", "server1", "server2"):
             total = run[scope][0] + win[scope][0]
             assert close(
@@ -230,7 +238,7 @@ async def test_time_inside_a_weight_sync_never_counts_towards_engine_paused() ->
     ) as (fleet, server, c):
         truth = Truth()
 
-        def paused_events(view) -> list[float]:
+        def paused_events(view: FleetView) -> list[float | None]:
             return [
                 e.value
                 for e in view.result.events
@@ -261,7 +269,8 @@ async def test_time_inside_a_weight_sync_never_counts_towards_engine_paused() ->
             if outside < threshold:
                 assert values == [], (values, outside, in_sync)
                 continue
-            assert len(values) == 1 and close(values[0], outside), (values, outside, in_sync)
+            assert len(values) == 1 and values[0] is not None, (values, outside, in_sync)
+            assert close(values[0], outside), (values, outside, in_sync)
             assert view.keys["inference/health/engine_paused"] == 1
             break
 
@@ -275,7 +284,9 @@ async def test_one_missed_probe_is_retried_at_the_next_poll_and_repeated_misses_
         failing = {"on": False}
         asked: list[bool] = []
 
-        def answer(method: str, path: str, body: bytes, query: str = ""):
+        def answer(
+            method: str, path: str, body: bytes = b"", query: str = ""
+        ) -> Answer | PendingCall | None:
             if path == "/is_paused":
                 asked.append(failing["on"])
                 if failing["on"]:
@@ -285,7 +296,7 @@ async def test_one_missed_probe_is_retried_at_the_next_poll_and_repeated_misses_
         rl.answer = answer  # type: ignore[method-assign]
         truth = Truth()
 
-        def paused(view) -> bool | None:
+        def paused(view: FleetView) -> bool | None:
             return view.result.endpoint_info["server0"].paused
 
         view, _ = await step_and_poll(fleet, c, truth)

@@ -29,7 +29,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
-from fleetscope.fleet.state import ScrapeResult
+from fleetscope.identity import Role
+from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.ray.source import (
     IDENTITY_LOOKUP_TIMEOUT,
@@ -50,7 +51,7 @@ MODEL = "tinymodel"
 TTFT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 TPOT_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1)
 # endpoint -> (role, engine labels)
-LAYOUT: dict[str, tuple[str, tuple[str, ...]]] = {
+LAYOUT: dict[str, tuple[Role, tuple[str, ...]]] = {
     "prefill0": ("prefill", ("0",)),
     "decode0": ("decode", ("0", "1")),
 }
@@ -180,7 +181,7 @@ class ScriptedFleet:
             out.append(ScrapeResult(ep, expo, self.now, WALL + self.now, role=role))
         return out
 
-    def take_departures(self) -> list:
+    def take_departures(self) -> list[Departure]:
         return []
 
     async def aclose(self) -> None:
@@ -190,11 +191,13 @@ class ScriptedFleet:
 
     def total(self, ticks: Iterable[int], engines: Iterable[str], q: str) -> float:
         engines = list(engines)
-        return sum(self.ticks[k][e][q] for k in ticks for e in engines)
+        total: float = sum(self.ticks[k][e][q] for k in ticks for e in engines)
+        return total
 
     def pos_total(self, ticks: Iterable[int], engines: Iterable[str], pos: str) -> float:
         engines = list(engines)
-        return sum(self.ticks[k][e]["per_pos"][pos] for k in ticks for e in engines)
+        total: float = sum(self.ticks[k][e]["per_pos"][pos] for k in ticks for e in engines)
+        return total
 
     def observations(self, ticks: Iterable[int], engines: Iterable[str], h: str) -> list[float]:
         engines = list(engines)
@@ -341,10 +344,10 @@ async def test_sync_trainer_windows_every_skyrl_metric_exact() -> None:
 
     # the run summary: SkyRL's keys and totals per label and role, plus measurement_seconds
     runs = {"train": ([2, 3, 6, 7], 40.0), "eval": ([9], 10.0), "combined": (range(1, 11), 100.0)}
-    for label, (ticks, secs) in runs.items():
+    for label, (run_ticks, secs) in runs.items():
         for sub, engines in SCOPES.items():
             base = f"vllm_correct_aggregate/{label}/{sub}"
-            want = expected_skyrl(f, list(ticks), secs, engines)
+            want = expected_skyrl(f, list(run_ticks), secs, engines)
             for name in list(want):  # SkyRL keeps these out of the run summary
                 if name.startswith(("draft_num_", "draft_acceptance_rate_pos_")) or "_cv" in name:
                     del want[name]
@@ -356,7 +359,7 @@ async def test_sync_trainer_windows_every_skyrl_metric_exact() -> None:
                 "kv_offload_load_bytes_total": "kv_offload_load_bytes",
             }
             for key, q in totals.items():
-                want[key] = f.total(ticks, engines, q)
+                want[key] = f.total(run_ticks, engines, q)
             want["measurement_seconds"] = secs
             assert_keys(summary, base, want)
             for gone in ("num_requests_running", "draft_num_draft_tokens", "prompt_throughput_cv"):
@@ -437,6 +440,7 @@ def _truth(fleet: SimFleet) -> dict[str, dict[str, Any]]:
         }
         for h in ("time_to_first_token_seconds", "request_time_per_output_token_seconds"):
             hist = t.histogram(f"vllm:{h}")
+            assert hist is not None, h
             row[h] = (dict(hist.cumulative_by_bound()), hist.sum, hist.count)
         out[e.engine_id] = row
     return out
@@ -476,7 +480,7 @@ async def test_window_metrics_equal_the_simulators_ground_truth_through_faults()
         keys = await train.astop()
         t1 = _truth(fleet)
         await c.stop()
-    summary = c.summary()
+    summary: dict[str, Any] = c.summary()  # float values, and the run status (str)
     secs = summary["vllm_correct_aggregate/train/measurement_seconds"]
     assert summary["vllm_correct_aggregate/train/failed_scrapes"] == 1
     assert summary["vllm_correct_aggregate/train/engine_restarts"] == 1
@@ -488,7 +492,8 @@ async def test_window_metrics_equal_the_simulators_ground_truth_through_faults()
     for sub, engines in scopes.items():
 
         def d(q: str, engines: list[str] = engines) -> float:
-            return sum(t1[e][q] - t0[e][q] for e in engines)
+            total: float = sum(t1[e][q] - t0[e][q] for e in engines)
+            return total
 
         want = {
             "generation_throughput_tok_s": d("generation_tokens") / secs,
@@ -556,7 +561,7 @@ async def test_ray_agents_are_rediscovered_while_running() -> None:
     node_a, node_b = meta["node"], vmeta["node"]
     assert node_a["NodeID"] != node_b["NodeID"]
 
-    def url(node: dict) -> str:
+    def url(node: dict[str, Any]) -> str:
         return f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
 
     nodes = [node_a]

@@ -23,13 +23,14 @@ import tracemalloc
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from fleetscope.collector.core import Collector
 from fleetscope.identity import EngineId
 from fleetscope.sources.http.source import Endpoint
 from fleetscope.stats.accumulate import Accumulator
 from fleetscope.stats.engine_sum import EngineSum
-from fleetscope_sim import FleetServer, SimFleet
+from fleetscope_sim import FleetServer, SimEngine, SimFleet
 from support.loopback import LoopbackServer
 from support.simclock import keep_clock_ahead
 
@@ -112,6 +113,11 @@ class Hostile(_Loopback):
 
 
 # --------------------------------------------------------------------------- the oracle
+
+
+def truth_totals(engine: SimEngine) -> Callable[[], dict[str, float]]:
+    """The engine's ground-truth totals of ``FAMILIES``, read when called."""
+    return lambda: {f: engine.truth.counter(f) for f in FAMILIES}
 
 
 @dataclass
@@ -201,14 +207,14 @@ class Soak:
     invalid: dict[str, set[str]] = field(default_factory=dict)
     polls: int = 0
     windows: dict[str, object] = field(default_factory=dict)  # instance -> fleetscope Window
-    keys: dict[str, dict] = field(default_factory=dict)  # instance -> its stop keys
+    keys: dict[str, dict[str, float]] = field(default_factory=dict)  # instance -> its stop keys
     watched: set[str] = field(default_factory=set)  # endpoints the collector scrapes
     invalid_seen: list[float] = field(default_factory=list)  # invalid_series, per poll
     invalid_expected: list[float] = field(default_factory=list)
     churny_baselines: list[int] = field(default_factory=list)
 
     def ok_engines(self) -> set[str]:
-        out = set()
+        out: set[str] = set()
         for ep in self.fleet.endpoints:
             if ep.name in self.watched and ep.name not in self.failing:
                 out.update(e.engine_id for e in ep.engines)
@@ -255,7 +261,7 @@ class Soak:
                 self.keys[instance] = keys
 
 
-async def run_soak() -> tuple[Soak, dict, list[int], list[int]]:
+async def run_soak() -> tuple[Soak, dict[str, Any], list[int], list[int]]:
     # the simulated wall clock runs 1 s per poll and is kept ahead of the real one (every
     # step, however slow the polls: support/simclock.py): a process (re)started by the test
     # shows a start time after our previous poll, which is the collector's evidence of a late
@@ -285,7 +291,7 @@ async def run_soak() -> tuple[Soak, dict, list[int], list[int]]:
         )
         oracle = Oracle()
         for e in fleet.engines():
-            oracle.sources[e.engine_id] = lambda e=e: {f: e.truth.counter(f) for f in FAMILIES}
+            oracle.sources[e.engine_id] = truth_totals(e)
         oracle.sources["hostile.0"] = hostile.truth
         s = Soak(fleet, server, hostile, churn, c, oracle)
         s.watched = {ep.name for ep in fleet.endpoints}
@@ -332,7 +338,7 @@ async def run_soak() -> tuple[Soak, dict, list[int], list[int]]:
             s.watched.add("late0")
             s.failing = {"late0"}
             for e in late.engines:
-                oracle.sources[e.engine_id] = lambda e=e: {f: e.truth.counter(f) for f in FAMILIES}
+                oracle.sources[e.engine_id] = truth_totals(e)
             await s.tick(4)
             keep_clock_ahead(fleet)  # dated after our last poll, however long it took
             late.restart()  # its process starts now, after it joined: counted from 0
@@ -425,7 +431,7 @@ def fleetscope_bytes(snap: tracemalloc.Snapshot) -> int:
 _CACHE: dict[str, object] = {}
 
 
-async def soak() -> tuple[Soak, dict, list[int], list[int]]:
+async def soak() -> tuple[Soak, dict[str, Any], list[int], list[int]]:
     """One soak run shared by the assertions below (run once per test session)."""
     if "run" not in _CACHE:
         t0 = time.monotonic()
@@ -481,14 +487,16 @@ async def test_soak_windows_and_run_labels_equal_ground_truth_per_engine() -> No
             checked += 1
         for f in FAMILIES:
             key = f"inference_summary/{label}/agg/{KEYS[f]}/delta"
-            want = sum(o.sums.get((f"run:{label}", e), {}).get(f, 0.0) for e in sim_engines(s))
-            assert summary[key] == want, key
+            want_total = sum(
+                o.sums.get((f"run:{label}", e), {}).get(f, 0.0) for e in sim_engines(s)
+            )
+            assert summary[key] == want_total, key
     assert checked > 50
     # idle + train + eval = combined, exactly
     for f in FAMILIES:
-        parts = [summary[f"inference_summary/{lab}/agg/{KEYS[f]}/delta"] for lab in
-                 ("idle", "train", "eval")]  # fmt: skip
-        assert sum(parts) == summary[f"inference_summary/combined/agg/{KEYS[f]}/delta"]
+        by_label = [summary[f"inference_summary/{lab}/agg/{KEYS[f]}/delta"] for lab in
+                    ("idle", "train", "eval")]  # fmt: skip
+        assert sum(by_label) == summary[f"inference_summary/combined/agg/{KEYS[f]}/delta"]
     assert summary["inference_summary/combined/agg/generation_tokens_total/delta"] > 10_000
 
 
@@ -542,7 +550,8 @@ async def test_soak_bad_samples_are_left_out_and_memory_stays_bounded() -> None:
     assert summary["inference_summary/combined/agg/generation_tokens_total/delta"] > 0
     # churn: baselines per endpoint bounded, state_dict and traced memory stop growing
     per_endpoint: dict[str, int] = defaultdict(int)
-    for e in s.c.state.baselines.engines():
+    # the collector's baselines are keyed by EngineId (Baselines.engines() says list[str])
+    for e in cast("list[EngineId]", s.c.state.baselines.engines()):
         if getattr(e, "label", None) is not None:
             per_endpoint[e.endpoint] += 1
     assert "churny" not in per_endpoint  # removed: its baselines dropped

@@ -11,18 +11,20 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from fleetscope.collector.core import Collector
 from fleetscope.collector.process import ProcessBackend
+from fleetscope.identity import EngineId
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
 from support.loopback import LoopbackServer, Reply, Request, Route
 
 
-def polls(c) -> int:
+def polls(c: Collector) -> int:
     """The step of the collector's last poll (-1 before the first): public in both modes."""
     return c.last.step if c.last is not None else -1
 
@@ -255,7 +257,9 @@ async def test_churning_engine_labels_stay_bounded(caplog: pytest.LogCaptureFixt
         finally:
             await c.stop()
         churn.server.close()
-    churny = [e for e in c.state.baselines.engines() if e.endpoint == "churny"]
+    # the collector's baselines are keyed by EngineId (Baselines.engines() says list[str])
+    engines = cast("list[EngineId]", c.state.baselines.engines())
+    churny = [e for e in engines if e.endpoint == "churny"]
     assert len(churny) <= 4
     assert len([e for e in view.engines if e.startswith("churny.")]) <= 4
     assert sizes[-1] < 2 * sizes[10]  # state_dict stops growing

@@ -12,10 +12,11 @@ import json
 import math
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ COUNTERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def polls(c) -> int:
+def polls(c: Collector) -> int:
     """The step of the collector's last poll (-1 before the first): public in both modes."""
     return c.last.step if c.last is not None else -1
 
@@ -65,7 +66,7 @@ class Rig:
     def truth_all(self) -> dict[str, dict[str, float]]:
         return {scope: self.truth(scope) for scope in SCOPES}
 
-    def collector(self, **kw) -> Collector:
+    def collector(self, **kw: Any) -> Collector:
         kw.setdefault("interval", 3600)  # polls only when the test asks
         # no test here is about timeouts: a healthy endpoint must answer however loaded the
         # machine is (a slow answer only moves the scrape times the assertions read)
@@ -119,7 +120,8 @@ def diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: a[k] - b[k] for k in a}
 
 
-def window_totals(keys: dict, base: str, scope: str = "agg") -> dict[str, float]:
+def window_totals(keys: Mapping[str, Any], base: str, scope: str = "agg") -> dict[str, float]:
+    """A window's (or a run label's) totals per metric: of its keys or of a run summary."""
     return {m: keys.get(f"{base}/{scope}/{m}/delta", math.nan) for m in COUNTERS}
 
 
@@ -225,6 +227,7 @@ async def test_fault_inside_window_keeps_totals_exact(fault: str) -> None:
         # engines of the restarted server (and the server's own series for a whole restart)
         # engines only, as `engine_restarts_total` counts them (not the server's own row)
         assert restarts == (2 if fault == "restart_mp" else 1)
+        assert c.last is not None
         assert restarts == c.last.keys["inference/agg/engine_restarts_total"]
 
 
@@ -301,8 +304,8 @@ async def test_failed_scrape_at_window_end_lowers_coverage_and_moves_delta_to_id
     # decode0's 2 engines (of 6) are covered only up to their last successful scrape
     assert "decode0" not in s1
     stop = {**s1, "decode0": stop_time}  # it did not answer: the boundary poll's time
-    want = r.expected_coverage(s0, {**s1, "decode0": s_seen["decode0"]}, stop)
-    assert keys["inference/train/coverage"] == pytest.approx(want, rel=1e-9)
+    want_coverage = r.expected_coverage(s0, {**s1, "decode0": s_seen["decode0"]}, stop)
+    assert keys["inference/train/coverage"] == pytest.approx(want_coverage, rel=1e-9)
     # decode0 (2 of 6 engines) covered for at most 1/4 of its window: 4/6 + 2/6 * 1/4
     assert keys["inference/train/coverage"] <= 0.75 + 1e-9
     # nothing is lost from the run: idle has the rest, combined is exact
@@ -348,7 +351,7 @@ async def test_pause_resume_idle_and_combined(tmp_path: Path) -> None:
         await step_and_poll(r, c)  # idle after
         end = r.truth_all()
         await c.stop()  # default status: success
-        summary = c.summary()
+        summary: dict[str, Any] = c.summary()  # float values, and the run status (str)
 
     for scope in SCOPES:
         want_train = {
@@ -422,7 +425,7 @@ async def test_window_misuse_raises_and_takes_no_scrape() -> None:
         await c.poll()
         train = c.window("train")
 
-        async def refused(coro, match: str) -> None:
+        async def refused(coro: Awaitable[object], match: str) -> None:
             step = polls(c)
             with pytest.raises(WindowError, match=match):
                 await coro
@@ -514,7 +517,7 @@ async def test_resumed_collector_continues_the_run_summary(tmp_path: Path) -> No
         whole = r.collector()
         first = r.collector()
 
-        async def both(fn) -> None:
+        async def both(fn: Callable[[Collector], Awaitable[object]]) -> None:
             await fn(whole)
             await fn(first)
 
@@ -551,7 +554,9 @@ async def test_resumed_collector_continues_the_run_summary(tmp_path: Path) -> No
         r.fleet.step(1.0)
         for c in (whole, second):
             await c.stop()
-    a, b = whole.summary(), second.summary()
+    # float values, and the run status (str)
+    a: dict[str, Any] = whole.summary()
+    b: dict[str, Any] = second.summary()
     _, published = read_jsonl(tmp_path / "resumed.jsonl")
     compared = 0
     for key, value in a.items():
@@ -580,7 +585,7 @@ async def test_skyrl_preset_keys_with_roles() -> None:
         t1 = r.truth_all()
         poll_keys = dict((await c.poll()).keys)
         await c.stop()
-        summary = c.summary()
+        summary: dict[str, Any] = c.summary()  # float values, and the run status (str)
     for sub in ("", "prefill/", "decode/"):
         for name in ("generation_throughput_tok_s", "prompt_throughput_tok_s", "ttft_seconds_p90"):
             assert f"vllm/train/{sub}{name}" in keys, sub + name
@@ -606,13 +611,15 @@ async def test_disaggregated_tails_are_role_aware() -> None:
         c = r.collector()
         await c.poll()
         await step_and_poll(r, c)
+        assert c.last is not None
         healthy = dict(c.last.keys)
         r.fleet.endpoint("decode0").stall(engine=0)
         await step_and_poll(r, c, n=2)
+        assert c.last is not None
         sick = dict(c.last.keys)
         await c.stop()
 
-    def rates(keys: dict, role: str | None = "any") -> dict[str, float]:
+    def rates(keys: Mapping[str, float], role: str | None = "any") -> dict[str, float]:
         out = {}
         for k, v in keys.items():
             parts = k.split("/")

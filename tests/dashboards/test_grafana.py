@@ -208,7 +208,7 @@ class Stack:
     t_text: float  # evaluation times: every target scraped for >= 2.5 s before
     t_om: float
 
-    def query(self, prom: PrometheusServer, expr: str, **variables: str) -> list[dict]:
+    def query(self, prom: PrometheusServer, expr: str, **variables: str) -> list[dict[str, Any]]:
         t = self.t_text if prom is self.text else self.t_om
         return prom.query(substitute_variables(expr, RATE, variables), t)
 
@@ -249,7 +249,8 @@ def _stored_prefix(prom: PrometheusServer, t: float) -> str:
         for r in prom.query('{__name__=~"vllm.num_requests_running"}', t)
     }
     assert len(names) == 1, names
-    return names.pop()
+    prefix: str = names.pop()
+    return prefix
 
 
 #: rows whose series this fleet does not have (tests/dashboards/test_grafana_rl.py runs them)

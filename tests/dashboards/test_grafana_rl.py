@@ -91,7 +91,9 @@ def test_grown_bodies_stay_valid() -> None:
 
 
 @pytest.mark.parametrize("prefix", [None, "vllm:"])
-def test_every_rl_and_sglang_expression_runs_and_returns_data(prom, prefix) -> None:
+def test_every_rl_and_sglang_expression_runs_and_returns_data(
+    prom: tuple[PrometheusServer, float], prefix: str | None
+) -> None:
     p, t = prom
     rows = row_exprs(build_dashboard(metric_prefix=prefix))
     assert set(OTHER_ROWS) <= set(rows)
@@ -105,7 +107,7 @@ def test_every_rl_and_sglang_expression_runs_and_returns_data(prom, prefix) -> N
     assert not problems, "queries without a finite sample:\n" + "\n".join(problems)
 
 
-def test_rl_figures_from_promql(prom) -> None:
+def test_rl_figures_from_promql(prom: tuple[PrometheusServer, float]) -> None:
     """The weight-update calls per operation and the engines asleep, as PromQL sees them."""
     p, t = prom
     rows = row_exprs(build_dashboard())["RL loop"]
@@ -123,7 +125,9 @@ def test_rl_figures_from_promql(prom) -> None:
 
 
 @pytest.mark.parametrize("prefix", [None, "vllm:"])
-def test_the_job_and_role_variables_list_sglang_targets(prom, prefix) -> None:
+def test_the_job_and_role_variables_list_sglang_targets(
+    prom: tuple[PrometheusServer, float], prefix: str | None
+) -> None:
     """A job serving only SGLang is listed: the variables' probe matches both engines' series
     (here one job holds a vLLM and an SGLang target: the probe must match both instances)."""
     p, _ = prom
@@ -149,13 +153,15 @@ def test_every_queried_name_is_in_the_catalog() -> None:
     unknown = sorted(n for n in names if family_of_series(n) is None)
     assert not unknown, unknown
     # a name the catalog lacks is refused at build time, not drawn as an empty panel
-    from fleetscope.dashboards._grafana_panels import Promql
+    from fleetscope.dashboards._grafana_promql import Promql
 
     with pytest.raises(ValueError, match="catalog"):
         Promql(None, "role", "job", "role").sel("num_requests_runnin")
 
 
-def test_sglang_gauges_count_each_engine_once_and_split_by_engine_type(prom) -> None:
+def test_sglang_gauges_count_each_engine_once_and_split_by_engine_type(
+    prom: tuple[PrometheusServer, float],
+) -> None:
     """Rank repeats are not summed (rank 0 kept, as the parser keeps it) and SGLang's own
     ``engine_type`` splits the lines: the running-requests panel equals fleetscope's parse of
     the same bodies (whose rank rule is tested against SGLang's driven truth)."""

@@ -24,6 +24,7 @@ from fleetscope.cli import main
 from fleetscope.collector.core import Collector
 from fleetscope.dashboards import wandb_workspace as ww
 from fleetscope.health import CONDITIONS
+from fleetscope.identity import Role
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
 
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Pydantic V1 style:DeprecationWar
 # --------------------------------------------------------------------------- emitted keys
 
 
-async def _emitted(roles: list[str | None], polls: int = 4, kind: str = "vllm") -> set[str]:
+async def _emitted(roles: list[Role | None], polls: int = 4, kind: str = "vllm") -> set[str]:
     fleet = SimFleet.build(len(roles), dp=2, roles=roles, seed=11, engine_kind=kind)
     fleet.step(3.0)
     keys: set[str] = set()
@@ -199,7 +200,7 @@ class FakeWandb:
         spec = self._parse(model.spec.model_dump_json(by_alias=True, exclude_none=True))
         return self.ws.Workspace._from_model(model.model_copy(update={"spec": spec}))
 
-    def execute_graphql(self, api: Any, query: str, variables: dict[str, Any]) -> dict:
+    def execute_graphql(self, api: Any, query: str, variables: dict[str, Any]) -> dict[str, Any]:
         assert "allViews" in query and variables["entity"] == "ent"
         self.queries += 1
         nodes = [*self.extra_nodes]
@@ -348,7 +349,7 @@ def test_cli_dry_run_and_publish(monkeypatch: pytest.MonkeyPatch) -> None:
 
     calls: list[tuple[str, Any]] = []
 
-    def publish(entity, project, **kw):
+    def publish(entity: str, project: str, **kw: Any) -> ww.PublishResult:
         calls.append(("publish", kw))
         ws = SimpleNamespace(name=kw["name"] or ww.default_view_name(kw["disaggregated"]))
         return ww.PublishResult("created", ws, kw["disaggregated"])
@@ -368,7 +369,7 @@ def test_cli_dry_run_and_publish(monkeypatch: pytest.MonkeyPatch) -> None:
 # --------------------------------------------------------------------------- the RL loop
 
 
-async def _rl_emitted(roles: list[str | None]) -> set[str]:
+async def _rl_emitted(roles: list[Role | None]) -> set[str]:
     """A run with the whole RL loop: versions (one endpoint misses one), a pause, a sleep, a
     weight sync with the engines' own update calls (an operation in flight)."""
     from fleetscope.dashboards._rl_panels import OPERATIONS
@@ -407,7 +408,7 @@ async def _rl_emitted(roles: list[str | None]) -> set[str]:
 
 
 @pytest.mark.parametrize("roles", [[None, None], ["prefill", "decode", "decode"]])
-def test_every_rl_panel_key_is_emitted(roles: list[str | None]) -> None:
+def test_every_rl_panel_key_is_emitted(roles: list[Role | None]) -> None:
     from fleetscope.dashboards._rl_panels import rl_panels
 
     emitted = asyncio.run(_rl_emitted(roles))
@@ -417,7 +418,7 @@ def test_every_rl_panel_key_is_emitted(roles: list[str | None]) -> None:
 
 
 @pytest.mark.parametrize("roles", [[None, None, None], ["prefill", "decode", "decode"]])
-def test_panels_of_mixed_and_sglang_fleets_are_emitted(roles: list[str | None]) -> None:
+def test_panels_of_mixed_and_sglang_fleets_are_emitted(roles: list[Role | None]) -> None:
     """A mixed vLLM + SGLang fleet fills every panel of both kinds. An SGLang-only fleet fills
     every panel but vLLM's own (truncation: SGLang has no finish reason) and preemptions when
     the simulated SGLang servers retracted nothing (a missing series is missing, never 0)."""

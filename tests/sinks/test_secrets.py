@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import socket
+from collections.abc import Iterator
 
 import pytest
 
@@ -25,7 +26,8 @@ TOKEN = "glsa_TopSecretToken_0123456789"
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def all_text(caplog: pytest.LogCaptureFixture) -> str:
@@ -104,7 +106,7 @@ def _echo(request: Request) -> Reply:
 
 
 @pytest.fixture
-def echo_grafana():
+def echo_grafana() -> Iterator[str]:
     with LoopbackServer(default=_echo) as server:
         yield server.url
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from fleetscope.sinks.base import Sink
+from fleetscope.sinks.base import Sink, Value
 from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sinks.wandb import WandbSink, api_key_configured, resolve_mode
 from fleetscope.util.warn import RateLimitedWarner
@@ -75,8 +75,12 @@ POLLS: list[tuple[int, float, dict[str, Any]]] = [
         },
     ),
 ]
-SUMMARY_1 = {"inference/polls": 2, "inference/model": "llama-3-8b", "inference/p99_s": 0.5}
-SUMMARY_2 = {"inference/polls": 3, "inference/p99_s": 0.123456789}
+SUMMARY_1: dict[str, Value] = {
+    "inference/polls": 2,
+    "inference/model": "llama-3-8b",
+    "inference/p99_s": 0.5,
+}
+SUMMARY_2: dict[str, Value] = {"inference/polls": 3, "inference/p99_s": 0.123456789}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -116,7 +120,8 @@ def leet_records(path: Path) -> list[dict[str, Any]]:
 
 
 def leet_summary(path: Path) -> dict[str, Any]:
-    return json.loads(leet(path, "--summary"))
+    summary: dict[str, Any] = json.loads(leet(path, "--summary"))
+    return summary
 
 
 def history_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -136,7 +141,7 @@ def nonfinite_as_none(d: dict[str, Any]) -> dict[str, Any]:
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
-    return a == b
+    return bool(a == b)
 
 
 class FakeRun:
@@ -299,7 +304,7 @@ def test_wandb_sink_payload_and_rate_limited_failures(caplog: pytest.LogCaptureF
     import wandb  # noqa: F401  # the test extra installs it: fail loudly
 
     run = FakeRun()
-    sink = WandbSink(run=run, history="trainer")
+    sink = WandbSink(run=run, history="trainer")  # type: ignore[arg-type]  # duck-typed Run
     assert run.defined == [
         ("inference/step", {}),
         ("inference/*", {"step_metric": "inference/step"}),
@@ -318,7 +323,7 @@ def test_wandb_sink_payload_and_rate_limited_failures(caplog: pytest.LogCaptureF
 
     now = [1000.0]
     bad = FakeRun(fail=True)
-    sink = WandbSink(run=bad, commit=True, history="trainer")
+    sink = WandbSink(run=bad, commit=True, history="trainer")  # type: ignore[arg-type]  # duck-typed
     sink._warner._clock = lambda: now[0]
     with caplog.at_level(logging.WARNING, logger=WANDB_LOGGER):
         for i in range(10):
@@ -335,7 +340,7 @@ def test_wandb_sink_payload_and_rate_limited_failures(caplog: pytest.LogCaptureF
 def test_wandb_sink_without_wandb_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'fleetscope\[wandb\]'"):
-        WandbSink(run=FakeRun())
+        WandbSink(run=FakeRun())  # type: ignore[arg-type]  # duck-typed Run
 
 
 def test_resolve_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

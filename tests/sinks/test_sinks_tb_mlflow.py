@@ -19,6 +19,7 @@ import asyncio
 import logging
 import random
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,14 @@ from typing import Any
 import mlflow  # noqa: F401  # installed by the test extra: a missing one must fail loudly
 import numpy as np
 import pytest
-import tensorboard  # noqa: F401
+import tensorboard  # type: ignore[import-untyped]  # noqa: F401  # no stubs, no py.typed
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_metric_name
-from tensorboard.backend.event_processing import event_accumulator as ea
-from tensorboard.util import tensor_util
+from tensorboard.backend.event_processing import (  # type: ignore[import-untyped]  # no stubs
+    event_accumulator as ea,
+)
+from tensorboard.util import tensor_util  # type: ignore[import-untyped]  # no stubs
 
 from fleetscope.collector.core import Collector
 from fleetscope.sinks.base import Sink
@@ -74,7 +78,7 @@ async def _drive(fleet: SimFleet, server: FleetServer, sinks: list[Sink]) -> Non
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory):
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
     tmp = tmp_path_factory.mktemp("tb_mlflow")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -87,7 +91,13 @@ def scenario(tmp_path_factory: pytest.TempPathFactory):
         batch_sizes: list[int] = []
         real_log_batch = ml.client.log_batch
 
-        def spy(run_id, metrics=(), params=(), tags=(), **kw):
+        def spy(
+            run_id: str,
+            metrics: Sequence[Metric] = (),
+            params: Sequence[Param] = (),
+            tags: Sequence[RunTag] = (),
+            **kw: Any,
+        ) -> object:
             batch_sizes.append(len(metrics) + len(tags))
             return real_log_batch(run_id, metrics=metrics, params=params, tags=tags, **kw)
 
@@ -234,7 +244,7 @@ def test_mlflow_batches(scenario: Scenario) -> None:
 )
 def test_mlflow_key_rule(key: str, name: str) -> None:
     assert mlflow_key(key) == name
-    _validate_metric_name(name)  # MLflow's own check
+    _validate_metric_name(name)  # type: ignore[no-untyped-call]  # MLflow's own check (untyped)
     assert mlflow_key(name) == name  # valid names are left alone
 
 
@@ -243,7 +253,7 @@ def test_mlflow_key_long() -> None:
     na, nb = mlflow_key(a), mlflow_key(b)
     assert len(na) == len(nb) == 250 and na != nb
     assert na[:241] == a[:241]
-    _validate_metric_name(na)
+    _validate_metric_name(na)  # type: ignore[no-untyped-call]  # MLflow's check, untyped
 
 
 # --------------------------------------------------------------------------- unit behaviour
@@ -301,7 +311,13 @@ def test_mlflow_trouble_never_raises(
     sink = MlflowSink(file_store, retry_after=3600)
     calls: list[int] = []
 
-    def broken(run_id, metrics=(), params=(), tags=(), **kw) -> None:
+    def broken(
+        run_id: str,
+        metrics: Sequence[Metric] = (),
+        params: Sequence[Param] = (),
+        tags: Sequence[RunTag] = (),
+        **kw: Any,
+    ) -> None:
         calls.append(len(metrics))
         raise ConnectionError("tracking server down")
 
@@ -332,7 +348,7 @@ def test_tensorboard_trouble_never_raises(tmp_path: Path, caplog: pytest.LogCapt
     class Broken:
         _file_name = "x"
 
-        def add_event(self, event) -> None:
+        def add_event(self, event: object) -> None:
             raise OSError("disk full")
 
         def close(self) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import re
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import httpx
@@ -79,12 +79,13 @@ async def next_poll(fleet: SimFleet, c: Collector) -> PollResult:
 
 def screen(result: PollResult, width: int, height: int | None = None) -> str:
     """The frame at ``width`` (and, live, at ``height``)."""
-    sink = TerminalSink(file=io.StringIO(), live=height is not None)
+    out = io.StringIO()
+    sink = TerminalSink(file=out, live=height is not None)
     sink.console.width = width
     if height is not None:
         sink.console.height = height
     sink.console.print(sink.render(result))
-    return sink.console.file.getvalue()  # type: ignore[attr-defined]
+    return out.getvalue()
 
 
 def table(text: str) -> tuple[list[str], list[list[str]]]:
@@ -314,11 +315,11 @@ async def test_the_live_view_keeps_its_figures_over_a_held_row() -> None:
     drawn: list[int] = []
     render = sink.render
 
-    def counting(result: PollResult) -> object:
+    def counting(result: PollResult, roles: Mapping[str, str | None] | None = None) -> object:
         drawn.append(result.step)
-        return render(result)
+        return render(result, roles)
 
-    sink.render = counting  # type: ignore[method-assign]
+    sink.render = counting  # type: ignore[method-assign]  # counts the frames drawn
     async with served(MIXED) as (fleet, _server, c):
         sink.log_poll(await next_poll(fleet, c))
         window = c.window("train")

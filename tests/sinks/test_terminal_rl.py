@@ -11,9 +11,10 @@ import httpx
 
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
+from fleetscope.fleet.state import PollResult
 from fleetscope.rl.view import engine_kind
 from fleetscope.sinks.terminal import TerminalSink, engine_rows
-from fleetscope.sources.base import ScrapeResult
+from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
 from support.paths import DATA, FIXTURES
@@ -42,18 +43,19 @@ class Files:
         self.n += 1
         return out
 
-    def take_departures(self) -> list:
+    def take_departures(self) -> list[Departure]:
         return []
 
     async def aclose(self) -> None:
         return None
 
 
-def render(result, width: int = 170) -> str:
-    sink = TerminalSink(live=False, file=io.StringIO())
+def render(result: PollResult, width: int = 170) -> str:
+    out = io.StringIO()
+    sink = TerminalSink(live=False, file=out)
     sink.console.width = width
     sink.log_poll(result)
-    return sink.console.file.getvalue()  # type: ignore[attr-defined]
+    return out.getvalue()
 
 
 async def test_the_engine_kind_is_detected_per_endpoint() -> None:

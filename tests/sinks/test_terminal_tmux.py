@@ -161,7 +161,7 @@ NUMERIC_HEADERS = {"run", "wait", "KV", "gen tok/s", "gen/s", "prompt tok/s", "p
 NUMERIC_HEADERS |= {"TTFT"}
 FIGURE = re.compile(r"^(—|-?\d+(\.\d+)?[kMGT]?%?\*?)$")
 #: the demo's mixed fleet: server1 is an SGLang server with two DP replicas
-MIXED: list[tuple[Role, str]] = [
+MIXED: list[tuple[Role | None, str]] = [
     (None, "vllm"),
     (None, "sglang"),
     ("prefill", "vllm"),
@@ -259,9 +259,9 @@ def test_live_view_fits_80x24_and_160x48(tmp_path: Path) -> None:
         cells = {r[0]: dict(zip(header, r, strict=True)) for r in rows}
         assert set(cells) == ids and len(rows) == len(ids), text  # every engine, once
         for cell in cells.values():
-            for h, v in cell.items():
-                if h in NUMERIC_HEADERS:
-                    assert FIGURE.match(v), (h, v, text)
+            for head, v in cell.items():
+                if head in NUMERIC_HEADERS:
+                    assert FIGURE.match(v), (head, v, text)
             assert cell["state"] in ("serving", "idle", "stalled"), text
         gen = "gen tok/s" if "gen tok/s" in header else "gen/s"
         for eid in ("server1.0", "server1.1"):  # SGLang, DP 2: its own figures

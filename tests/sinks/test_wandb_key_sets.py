@@ -52,7 +52,7 @@ def same(a: Any, b: Any) -> bool:
     """W&B writes non-finite floats as strings, JSONL as null; everything else is exact."""
     if isinstance(a, str) and a in NONFINITE:
         return b is None
-    return a == b
+    return bool(a == b)
 
 
 @dataclass

@@ -37,7 +37,7 @@ class AheadClock(SimClock):
         self.margin = margin
         super().__init__(wall_start)
 
-    @property  # type: ignore[override]
+    @property
     def wall_start(self) -> float:
         return max(self._wall_start, time.time() + self.margin - self.sim_time)
 
