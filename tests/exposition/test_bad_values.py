@@ -11,8 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from fleetscope.exposition import InvalidSeries, Parser
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.exposition import Exposition, InvalidSeries, Parser
+from fleetscope.fleet.state import FleetState, PollResult
+from fleetscope.identity import EngineId
+from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.baselines import Baselines
 from fleetscope.stats.deltas import engine_delta
 from support.bodies import drop_lines, sample_value, set_values
@@ -28,7 +30,7 @@ GEN_ID = "vllm:generation_tokens_total"
 TTFT = "vllm:time_to_first_token_seconds"
 
 
-def _paths(good: str, bad: str):
+def _paths(good: str, bad: str) -> tuple[Exposition, Exposition, Exposition]:
     """The same bad body through the three parse paths: full parse, a warmed parser's own
     template, and a template shared by another parser."""
     full = Parser(share_templates=False)
@@ -53,9 +55,9 @@ def _paths(good: str, bad: str):
     ],
 )
 def test_bad_cumulative_values_are_rejected_the_same_on_every_parse_path(
-    value, pattern, series
+    value: str, pattern: str, series: str
 ) -> None:
-    bad = set_values(AFTER, pattern, value)
+    bad = set_values(AFTER, pattern, value)  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     reason = {"+Inf": "+Inf", "-Inf": "-Inf", "NaN": "NaN", "-1.0": "negative"}[value]
     results = _paths(AFTER, bad)
     for expo in results:
@@ -73,9 +75,9 @@ def test_bad_cumulative_values_are_rejected_the_same_on_every_parse_path(
 
 
 @pytest.mark.parametrize("value", ["+Inf", "-Inf", "NaN"])
-def test_non_finite_histogram_sum_is_invalid_a_negative_one_is_not(value) -> None:
+def test_non_finite_histogram_sum_is_invalid_a_negative_one_is_not(value: str) -> None:
     pat = r"^vllm:time_to_first_token_seconds_sum\{"
-    for expo in _paths(AFTER, set_values(AFTER, pat, value)):
+    for expo in _paths(AFTER, set_values(AFTER, pat, value)):  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
         assert [i.series for i in expo.invalid] == [TTFT]
     for expo in _paths(AFTER, set_values(AFTER, pat, -2.5)):
         assert expo.invalid == ()
@@ -85,7 +87,7 @@ def test_non_finite_histogram_sum_is_invalid_a_negative_one_is_not(value) -> Non
 def test_plus_inf_on_a_new_endpoints_first_scrape_is_no_false_restart_nor_a_late_series() -> None:
     b = Baselines()
     p = Parser()
-    first = p.parse(set_values(LOAD, GEN, "+Inf"), time=0.0, wall_time=WALL)["0"]
+    first = p.parse(set_values(LOAD, GEN, "+Inf"), time=0.0, wall_time=WALL)["0"]  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     assert first.value(GEN_ID) is None
     b.advance("s.0", first)
     d = b.advance("s.0", p.parse(AFTER, time=10.0, wall_time=WALL + 10)["0"])
@@ -98,7 +100,9 @@ def test_plus_inf_on_a_new_endpoints_first_scrape_is_no_false_restart_nor_a_late
     assert d2.delta[d2.layout.index[GEN_ID]] == 2.0
 
 
-def _poll(state, parser, body, t, name="server0"):
+def _poll(
+    state: FleetState, parser: Parser, body: str, t: float, name: str = "server0"
+) -> tuple[PollResult, Exposition]:
     expo = parser.parse(body, time=t, wall_time=WALL + t)
     return state.observe([ScrapeResult(name, expo, t, WALL + t)]), expo
 
@@ -108,15 +112,15 @@ def test_nan_counter_scrape_keeps_the_baseline_and_the_next_delta_is_exact() -> 
     is compared with its last valid one, and its rate divides by the 10 s that spans."""
     state, p = FleetState(), Parser()
     _poll(state, p, LOAD, 0.0)
-    mid_body = set_values(set_values(AFTER, GEN, "NaN"), PROMPT, 15000.0)
+    mid_body = set_values(set_values(AFTER, GEN, "NaN"), PROMPT, 15000.0)  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     r1, expo = _poll(state, p, mid_body, 5.0)
     assert expo.invalid == (InvalidSeries("0", GEN_ID, "NaN"),)
-    d1 = r1.deltas["server0.0"]
+    d1 = r1.deltas[EngineId("server0", "0")]
     assert d1.delta[d1.layout.index["vllm:prompt_tokens_total"]] == 15000.0 - sample_value(
         LOAD, PROMPT
     )
     r2, _ = _poll(state, p, AFTER, 10.0)
-    d2 = r2.deltas["server0.0"]
+    d2 = r2.deltas[EngineId("server0", "0")]
     gen = sample_value(AFTER, GEN) - sample_value(LOAD, GEN)
     assert d2.delta[d2.layout.index[GEN_ID]] == gen
     assert d2.span is not None and d2.span[d2.layout.index[GEN_ID]] == 10.0
@@ -162,7 +166,7 @@ def _stamp(body: str, ts: str, every: int = 1) -> str:
 
 
 @pytest.mark.parametrize("ts, every", [("1700000000000", 1), ("1700000000000", 3)])
-def test_sample_timestamps_in_text_0_0_4_parse_on_every_path(ts, every) -> None:
+def test_sample_timestamps_in_text_0_0_4_parse_on_every_path(ts: str, every: int) -> None:
     stamped = _stamp(AFTER, ts, every)
     want = Parser(share_templates=False).parse(AFTER)["0"]
     p = Parser(share_templates=False)
@@ -215,7 +219,7 @@ def _cut_after(body: str, pattern: str) -> str:
         (r'^vllm:time_to_first_token_seconds_bucket\{.*le="\+Inf"', "no _count"),
     ],
 )
-def test_a_histogram_cut_short_is_left_out_and_reported(cut, reason) -> None:
+def test_a_histogram_cut_short_is_left_out_and_reported(cut: str, reason: str) -> None:
     body = _cut_after(AFTER, cut)
     p = Parser(share_templates=False)
     for expo in (p.parse(body), p.parse(body)):

@@ -5,12 +5,13 @@ and unit, and every family in every recorded body is either mapped or passed thr
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from fleetscope import catalog
 from fleetscope.catalog import FAMILIES, FAMILY_BY_NAME, canonical_family
-from fleetscope.exposition import parse
+from fleetscope.exposition import Exposition, parse
 from support.paths import DATA
 
 DATA = DATA
@@ -108,7 +109,7 @@ def test_ratio_specs_name_families_of_the_table() -> None:
         assert all(f in metrics for f in spec.numerator_plus), spec
 
 
-def _parsed_families(expo) -> set[str]:
+def _parsed_families(expo: Exposition) -> set[str]:
     out: set[str] = set()
     snaps = [*expo.values(), *([expo.endpoint] if expo.endpoint is not None else [])]
     for sn in snaps:
@@ -139,7 +140,7 @@ def _exposed_families(text: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("path", BODIES, ids=lambda p: str(p.relative_to(DATA)))
-def test_every_family_in_the_recorded_bodies_is_mapped_or_passed_through(path) -> None:
+def test_every_family_in_the_recorded_bodies_is_mapped_or_passed_through(path: Path) -> None:
     text = path.read_text()
     expo = parse(text)
     parsed = _parsed_families(expo)

@@ -18,7 +18,9 @@ import math
 import random
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -26,10 +28,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import generate_latest as generate_004
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import exposition as openmetrics_exposition
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
-from fleetscope.exposition import MAX_BODY_BYTES, ExpositionError, Parser, parse
+from fleetscope.exposition import MAX_BODY_BYTES, Exposition, ExpositionError, Parser, parse
+from fleetscope.exposition.snapshot import EngineSnapshot
 from support.bodies import drop_lines, sample_value, set_values
 from support.paths import ALL_FIXTURES, fixture_text
 
@@ -40,6 +45,9 @@ RENAMES = {
     "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits",
     "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
 }
+
+# prometheus_client's OpenMetrics writer has no annotations: its real signature, typed here
+generate_openmetrics: Callable[[CollectorRegistry], bytes] = openmetrics_exposition.generate_latest
 
 
 # --------------------------------------------------------------------------- reference
@@ -71,7 +79,7 @@ def _le(v: str) -> str:
 class Reference:
     """What docs/rules.md §2 says a body holds, built from prometheus_client's families."""
 
-    def __init__(self, families: Iterable, *, ray: bool | None = None) -> None:
+    def __init__(self, families: Iterable[Metric], *, ray: bool | None = None) -> None:
         fams = list(families)
         if ray is None:
             ray = any(f.name.startswith(("ray_vllm_", "ray_sglang_")) for f in fams)
@@ -120,7 +128,13 @@ class Reference:
 
 
 def _kind_and_sid(
-    f, s, labels: dict[str, str], kept: dict[str, str], ray: bool, by_type, with_created
+    f: Metric,
+    s: Sample,
+    labels: dict[str, str],
+    kept: dict[str, str],
+    ray: bool,
+    by_type: dict[str, set[str]],
+    with_created: set[str],
 ) -> tuple[str, str] | None:
     """A sample's kind and series id by docs/rules.md §2 (None: a sample not counted)."""
     if f.type == "gauge" and f.name.endswith("_created") and (f.name[:-8] in with_created):
@@ -145,11 +159,11 @@ def _kind_and_sid(
     return "gauge", _sid(_canon(s.name), kept)
 
 
-def our_values(snap) -> dict[str, float]:
+def our_values(snap: EngineSnapshot) -> dict[str, float]:
     return {sid: float(v) for sid, v in zip(snap.layout.slot_ids, snap.data, strict=True)}
 
 
-def our_kinds(snap) -> dict[str, set[str]]:
+def our_kinds(snap: EngineSnapshot) -> dict[str, set[str]]:
     lay = snap.layout
     out = {
         "counter": {c.name for c in lay.counters},
@@ -172,7 +186,7 @@ def assert_same_values(ours: dict[str, float], ref: dict[str, float]) -> None:
     assert not bad, bad
 
 
-def assert_matches_reference(expo, ref: Reference) -> None:
+def assert_matches_reference(expo: Exposition, ref: Reference) -> None:
     engines = {k for k in ref.values if k != ""}
     assert set(expo) == engines
     for e in engines:
@@ -197,13 +211,13 @@ def assert_matches_reference(expo, ref: Reference) -> None:
 
 
 @functools.cache
-def _client_families(path) -> tuple:
+def _client_families(path: Path) -> tuple[Metric, ...]:
     """prometheus_client's parse of a capture (slow: once per file per session)."""
     return tuple(text_string_to_metric_families(path.read_text(encoding="utf-8")))
 
 
 @pytest.mark.parametrize("path", ALL_FIXTURES, ids=lambda p: p.name)
-def test_fixture_matches_prometheus_client_parser(path) -> None:
+def test_fixture_matches_prometheus_client_parser(path: Path) -> None:
     body = path.read_text(encoding="utf-8")
     ref = Reference(_client_families(path))
     parser = Parser(share_templates=False)  # a full parse first, whatever ran before
@@ -222,7 +236,7 @@ def test_fixture_matches_prometheus_client_parser(path) -> None:
 
 
 @pytest.mark.parametrize("path", ALL_FIXTURES, ids=lambda p: p.name)
-def test_every_vllm_sample_summed_per_engine_equals_ours(path) -> None:
+def test_every_vllm_sample_summed_per_engine_equals_ours(path: Path) -> None:
     """The brief's literal check: every vllm sample value, summed per engine over the labels
     that are neither identity nor breakdown, equals our value."""
     body = path.read_text(encoding="utf-8")
@@ -409,7 +423,7 @@ def test_nan_in_a_counter_invalidates_that_series_only() -> None:
     """docs/rules.md §3.9 (was: a NaN counter failed the whole scrape): the series is left out
     of that scrape and reported; every other series is valid, on every parse path."""
     body = fixture_text("single_after.prom")
-    bad = set_values(body, r"^vllm:generation_tokens_total\{", "NaN")
+    bad = set_values(body, r"^vllm:generation_tokens_total\{", "NaN")  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     sid = "vllm:generation_tokens_total"
     expo = Parser(share_templates=False).parse(bad)
     assert expo["0"].value(sid) is None
@@ -422,7 +436,7 @@ def test_nan_in_a_counter_invalidates_that_series_only() -> None:
     warm = p.parse(bad)
     assert p.fast_hits == 1 and warm["0"].value(sid) is None
     assert warm["0"].layout is expo["0"].layout
-    bucket = set_values(body, r'^vllm:time_to_first_token_seconds_bucket\{.*le="0\.1"', "NaN")
+    bucket = set_values(body, r'^vllm:time_to_first_token_seconds_bucket\{.*le="0\.1"', "NaN")  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     got = p.parse(bucket)
     assert [i.series for i in got.invalid] == ["vllm:time_to_first_token_seconds"]
     assert got["0"].value("vllm:time_to_first_token_seconds_count") is None
@@ -439,7 +453,7 @@ def test_negative_counter_is_an_invalid_series() -> None:
 
 def test_nan_gauge_is_missing_never_zero() -> None:
     body = fixture_text("single_after.prom")
-    bad = set_values(body, r"^vllm:kv_cache_usage_perc\{", "NaN")
+    bad = set_values(body, r"^vllm:kv_cache_usage_perc\{", "NaN")  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     parser = Parser(share_templates=False)
     parser.parse(body)  # warm: the NaN body then takes the fast path
     fresh = Parser(share_templates=False).parse(bad)["0"]
@@ -545,7 +559,7 @@ def test_truncated_body_fails_with_line_number() -> None:
         b"   \n",
     ],
 )
-def test_garbage_bodies_fail_cleanly(body) -> None:
+def test_garbage_bodies_fail_cleanly(body: bytes) -> None:
     # (a negative counter, once in this list, now invalidates only its series: see
     # test_negative_counter_is_an_invalid_series)
     with pytest.raises(ExpositionError):
@@ -554,10 +568,11 @@ def test_garbage_bodies_fail_cleanly(body) -> None:
 
 # --------------------------------------------------------------------------- round trips
 
+_SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
 label_text = st.text(
     alphabet=st.one_of(
         st.sampled_from(['"', "\\", "\n", " ", "{", "}", ",", "=", "#", "é", "\u2028", "🦙"]),
-        st.characters(blacklist_categories=("Cs",)),
+        st.characters(blacklist_categories=_SURROGATES),
     ),
     max_size=12,
 )
@@ -566,7 +581,7 @@ non_negative = st.floats(allow_nan=False, allow_infinity=False, min_value=0, max
 
 
 @st.composite
-def registries(draw, *, colon_names: bool = True):
+def registries(draw: st.DrawFn, *, colon_names: bool = True) -> CollectorRegistry:
     """A registry of random counters, gauges and histograms with `engine` and other labels."""
     reg = CollectorRegistry()
     prefix = "vllm:" if colon_names else "fleettest_"
@@ -582,6 +597,7 @@ def registries(draw, *, colon_names: bool = True):
         )
         labelnames = ["engine", *extra] if draw(st.booleans()) or not extra else extra
         name = f"{prefix}m{i}"
+        m: Counter | Gauge | Histogram | Info
         children = draw(
             st.lists(
                 st.tuples(st.sampled_from(["0", "1", "2"]), *[label_text for _ in extra]),
@@ -612,7 +628,7 @@ def registries(draw, *, colon_names: bool = True):
             if "engine" not in labelnames:
                 labelnames = ["engine", *extra]
             m = Info(name, "doc", labelnames, registry=reg)
-            seen_engines = set()
+            seen_engines: set[str] = set()
             for ch in children:
                 if ch[0] in seen_engines:
                     continue  # one info child per engine
@@ -623,14 +639,14 @@ def registries(draw, *, colon_names: bool = True):
     return reg
 
 
-def _child(labelnames, extra, ch):
+def _child(labelnames: list[str], extra: list[str], ch: tuple[str, ...]) -> list[str]:
     values = dict(zip(["engine", *extra], ch, strict=True))
     return [values[k] for k in labelnames]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(registries())
-def test_generate_latest_round_trips_exactly(reg) -> None:
+def test_generate_latest_round_trips_exactly(reg: CollectorRegistry) -> None:
     body = generate_004(reg)
     ref = Reference(reg.collect(), ray=False)
     expo = Parser().parse(body)
@@ -641,7 +657,7 @@ def test_generate_latest_round_trips_exactly(reg) -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(registries(colon_names=False))
-def test_openmetrics_round_trips_exactly(reg) -> None:
+def test_openmetrics_round_trips_exactly(reg: CollectorRegistry) -> None:
     body = generate_openmetrics(reg)
     assert body.endswith(b"# EOF\n")
     expo = Parser().parse(body)
@@ -650,7 +666,9 @@ def test_openmetrics_round_trips_exactly(reg) -> None:
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(registries(), st.randoms(use_true_random=False))
-def test_fast_path_equals_full_parse_on_new_values(reg, rnd) -> None:
+def test_fast_path_equals_full_parse_on_new_values(
+    reg: CollectorRegistry, rnd: random.Random
+) -> None:
     """Same shape, new values: the warmed parser's fast path gives what a fresh parse gives."""
     body = generate_004(reg).decode()
     warm = Parser(share_templates=False)
@@ -679,7 +697,7 @@ _WARM = Parser()
 _WARM.parse(_BASE)
 
 
-def _only_exposition_errors(body, parser: Parser | None = None) -> None:
+def _only_exposition_errors(body: str | bytes, parser: Parser | None = None) -> None:
     """Parse; an ExpositionError is fine, any other exception fails the test."""
     with contextlib.suppress(ExpositionError):
         (parser or Parser()).parse(body)
@@ -687,20 +705,20 @@ def _only_exposition_errors(body, parser: Parser | None = None) -> None:
 
 @settings(max_examples=150, deadline=2000)
 @given(st.binary(max_size=400))
-def test_fuzz_garbage_bytes(data) -> None:
+def test_fuzz_garbage_bytes(data: bytes) -> None:
     _only_exposition_errors(data)
     _only_exposition_errors(data + b"\n")
 
 
 @settings(max_examples=100, deadline=2000)
 @given(st.text(alphabet='abc{}=",# \\\n\t01.+-eINfa:_', max_size=300))
-def test_fuzz_garbage_text_in_the_format_alphabet(text) -> None:
+def test_fuzz_garbage_text_in_the_format_alphabet(text: str) -> None:
     _only_exposition_errors(text)
 
 
 @settings(max_examples=40, deadline=2000)
 @given(st.integers(0, len(_BASE)), st.sampled_from([_BASE, _DP2]))
-def test_fuzz_truncated_real_bodies(n, body) -> None:
+def test_fuzz_truncated_real_bodies(n: int, body: str) -> None:
     prefix = body[:n]
     _only_exposition_errors(prefix)
     p = Parser()
@@ -715,7 +733,7 @@ def test_truncated_at_every_line_end_never_raises_anything_else() -> None:
         _only_exposition_errors(_BASE[: n - 3])
 
 
-_MUTATIONS = [
+_MUTATIONS: list[Callable[[str, random.Random], str]] = [
     lambda ln, r: ln[: r.randrange(len(ln) + 1)],
     lambda ln, r: ln + r.choice([" ", "}", "{", '"', "\\", " 1", " # x", "\t", "\r"]),
     lambda ln, r: ln.replace('"', "", 1),
@@ -740,7 +758,7 @@ _MUTATIONS = [
     ),
     st.randoms(use_true_random=False),
 )
-def test_fuzz_random_line_mutations(edits, rnd) -> None:
+def test_fuzz_random_line_mutations(edits: list[tuple[int, int]], rnd: random.Random) -> None:
     lines = _BASE.split("\n")
     for pos, which in edits:
         k = pos % (len(lines) - 1)
@@ -759,7 +777,7 @@ def test_a_failed_body_does_not_corrupt_the_template() -> None:
     for bad in (
         _BASE[:-10],
         drop_lines(_BASE, r"^vllm:num_requests_running\{"),
-        set_values(_BASE, r"^vllm:prompt_tokens_total\{", "NaN"),
+        set_values(_BASE, r"^vllm:prompt_tokens_total\{", "NaN"),  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
         _BASE.replace(
             'vllm:num_requests_running{engine="0"', 'vllm:num_requests_running{engine="0', 1
         ),
@@ -787,7 +805,7 @@ def test_a_new_parser_starts_from_a_template_of_the_same_shape() -> None:
     """A fleet's endpoints serve line-for-line identical bodies: the second endpoint's first
     body takes the fast path with the first endpoint's template, and parses as a full parse."""
     body = fixture_text("dp2_load.prom")
-    other = set_values(body, r"^vllm:generation_tokens_total\{", "12345.0")
+    other = set_values(body, r"^vllm:generation_tokens_total\{", "12345.0")  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     Parser().parse(body)
     newcomer = Parser()
     got = newcomer.parse(other)
@@ -818,7 +836,7 @@ def test_fast_path_rejects_underscored_values_like_the_full_parser() -> None:
     body = fixture_text("single_after.prom")
     p = Parser()
     p.parse(body)
-    bad = set_values(body, r"^vllm:prompt_tokens_total\{", "15_472")
+    bad = set_values(body, r"^vllm:prompt_tokens_total\{", "15_472")  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     with pytest.raises(ExpositionError, match="line"):
         p.parse(bad)
     with pytest.raises(ExpositionError):

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
 from fleetscope.exposition import Parser, parse
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState
+from fleetscope.sources.base import ScrapeResult
 from real import bodies as B
 from support.paths import DATA
 
@@ -60,8 +62,9 @@ def text(kind: str, phase: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def load() -> dict:
-    return json.loads((DATA / "meta.json").read_text())["load"]
+def load() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((DATA / "meta.json").read_text())["load"]
+    return loaded
 
 
 @pytest.mark.parametrize(("kind", "phase"), BODIES)
@@ -136,7 +139,7 @@ def test_vllm_invariants_per_engine(kind: str, phase: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_after_minus_idle_is_the_load(kind: str, load: dict) -> None:
+def test_after_minus_idle_is_the_load(kind: str, load: dict[str, Any]) -> None:
     idle, after = text(kind, "idle"), text(kind, "after")
     sent = load[kind]
 
@@ -153,7 +156,7 @@ def _scrape(name: str, body: str, t: float, parser: Parser) -> ScrapeResult:
     return ScrapeResult(name, parser.parse(body, time=t, wall_time=1.8e9 + t), t, 1.8e9 + t)
 
 
-def test_fleetscope_deltas_over_the_real_bodies(load: dict) -> None:
+def test_fleetscope_deltas_over_the_real_bodies(load: dict[str, Any]) -> None:
     """Idle -> load -> after through FleetState: the totals are the load, exactly; the first
     poll (DP server idle, no gauges) is only a baseline and warns about nothing."""
     state = FleetState()
@@ -197,6 +200,7 @@ def test_an_idle_engine_beside_busy_ones_is_not_an_outlier() -> None:
         )
         events = monitor.evaluate(res, {e: None for e in res.stats.engine_ids})
     gen = {e: res.stats.engine(e).get("generation_tokens_total:rate") for e in res.stats.engine_ids}
+    assert gen["dp2.0"] is not None and gen["dp2.1"] is not None, gen
     assert gen["single.0"] == 0.0 and gen["dp2.0"] > 0 and gen["dp2.1"] > 0, gen
     assert res.stats.engine("single.0")["num_requests_running"] == 0.0
     assert [e for e in events if e.condition == "engine_outlier"] == []

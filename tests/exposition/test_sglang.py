@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
-from fleetscope.exposition import Parser, parse
+from fleetscope.exposition import Exposition, Parser, parse
 from fleetscope.exposition.snapshot import EngineSnapshot
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState, PollResult
+from fleetscope.identity import Role
+from fleetscope.sources.base import ScrapeResult
 from support.paths import DATA, VLLM_DIR
 from support.promql import promql_bucket_quantile
 
@@ -40,6 +43,8 @@ MAPPED = {
     "sglang:estimated_flops_per_gpu_total": "vllm:estimated_flops_per_gpu_total",
 }
 RANKS = ("tp_rank", "pp_rank", "moe_ep_rank")
+# a truth series: a sample name, or (histogram family, bucket bound)
+SeriesKey = str | tuple[str, float]
 
 
 def body(name: str) -> str:
@@ -58,13 +63,13 @@ def truth_engine(name: str, labels: dict[str, str], several_dp: bool) -> str | N
     return "" if several_dp else "0"
 
 
-def truth_totals(case: str) -> dict[tuple[str, str], float]:
+def truth_totals(case: str) -> dict[tuple[str, SeriesKey], float]:
     """(engine, series) -> value, for the mapped families, summed over their labels."""
     t = TRUTH[case]
     several = (t["case"].get("dp") or 1) > 1
-    out: dict[tuple[str, str], float] = {}
+    out: dict[tuple[str, SeriesKey], float] = {}
 
-    def add(eng, sid, v) -> None:
+    def add(eng: str, sid: SeriesKey, v: float) -> None:
         out[(eng, sid)] = out.get((eng, sid), 0.0) + v
 
     for kind in ("counters", "gauges"):
@@ -92,7 +97,7 @@ def hist(sn: EngineSnapshot, family: str) -> dict[float, float]:
     return {b: float(sn.data[s]) for b, s in zip(hs[0].bounds, hs[0].buckets, strict=True)}
 
 
-def parsed_value(expo, eng: str, key) -> float | None:
+def parsed_value(expo: Exposition, eng: str, key: SeriesKey) -> float | None:
     sn = expo.endpoint if eng == "" else expo.get(eng)
     if sn is None:
         return None
@@ -115,7 +120,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_every_mapped_per_engine_value_equals_the_truth(case) -> None:
+def test_every_mapped_per_engine_value_equals_the_truth(case: str) -> None:
     expo = parse(body(case))
     want = truth_totals(case)
     assert want
@@ -124,7 +129,7 @@ def test_every_mapped_per_engine_value_equals_the_truth(case) -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_engines_are_dp_replicas(case) -> None:
+def test_engines_are_dp_replicas(case: str) -> None:
     expo = parse(body(case))
     dp = TRUTH[case]["case"].get("dp") or 1
     assert sorted(expo) == [str(i) for i in range(dp)]
@@ -185,6 +190,7 @@ def test_dp2_ratio_gauges_and_constants_are_per_replica() -> None:
     # radix-cache families: dp_rank 0 on both replicas (merged by SGLang): the endpoint's
     ev = [s for s in t["counters"] if s["name"] == "sglang:evicted_tokens_total"]
     assert ev[0].get("merged_from_processes") == 2
+    assert expo.endpoint is not None
     assert expo.endpoint.value("sglang:evicted_tokens_total") == ev[0]["value"]
     assert expo["0"].value("sglang:evicted_tokens_total") is None
 
@@ -282,10 +288,10 @@ def test_http_source_passes_engine_roles_and_explicit_role_wins() -> None:
     text = body("pd_prefill_after.prom")
 
     class Source(HttpSource):
-        async def _fetch(self, ep):
+        async def _fetch(self, ep: Endpoint) -> bytes:
             return text.encode()
 
-    async def run(role):
+    async def run(role: Role | None) -> ScrapeResult:
         src = Source([Endpoint("http://p:1", "p", role=role)], discover_roles=False)
         try:
             return await src.scrape_one(src.endpoints[0])
@@ -311,17 +317,18 @@ def test_fast_path_reuses_the_template_with_the_same_result() -> None:
 # --------------------------------------------------------------------------- a mixed fleet
 
 
-def observe_polls(polls):
+def observe_polls(polls: Sequence[tuple[float, dict[str, str]]]) -> PollResult:
     state = FleetState()
     parsers: dict[str, Parser] = {}
-    res = None
+    res: PollResult | None = None
     for t, bodies in polls:
-        scrapes = []
+        scrapes: list[ScrapeResult] = []
         for name, text in bodies.items():
             p = parsers.setdefault(name, Parser())
             expo = p.parse(text, time=t, wall_time=WALL + t)
             scrapes.append(ScrapeResult(name, expo, t, WALL + t, engine_roles=expo.engine_roles))
         res = state.observe(scrapes)
+    assert res is not None
     return res
 
 
@@ -369,7 +376,7 @@ def test_mixed_fleet_ttft_quantiles_pool_on_shared_bounds_and_counters_are_exact
     for label, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
         assert agg["time_to_first_token_seconds"][label] == promql_bucket_quantile(q, pooled)
 
-    def total(text, fam, engine=None):
+    def total(text: str, fam: str, engine: str | None = None) -> float:
         return sum(
             float(ln.rsplit(" ", 1)[1])
             for ln in text.split("\n")
@@ -460,6 +467,7 @@ def test_dp_attention_ranks_dedupe_per_replica() -> None:
     expo = parse("\n".join(lines) + "\n")
     assert expo["0"].value("vllm:num_requests_running") == 3
     assert expo["1"].value("vllm:num_requests_running") == 5
+    assert expo.endpoint is not None
     assert expo.endpoint.value("vllm:prompt_tokens_total") == 7
     assert expo.engine_roles == {"0": "decode", "1": "decode"}
 

@@ -101,7 +101,7 @@ def mapped(kind: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def agg() -> dict:
+def agg() -> dict[str, dict[str, float]]:
     polls = [(t, {n: pair[i] for n, pair in BODIES.items()}) for i, t in enumerate((0, SECONDS))]
     return observe_polls(polls).stats.scopes["agg"].metrics
 
@@ -123,20 +123,21 @@ def test_the_catalog_maps_what_the_issue_lists() -> None:
 
 
 @pytest.mark.parametrize("canonical", mapped("counter"))
-def test_mapped_counters(agg: dict, canonical: str) -> None:
+def test_mapped_counters(agg: dict[str, dict[str, float]], canonical: str) -> None:
     got = agg.get(metric_name(canonical) + "_total")
     inc = increases(canonical, "_total")
     if not inc:  # served by neither engine in these bodies (created on first use)
         assert got is None
         return
     total = sum(inc.values())
+    assert got is not None
     assert got["delta"] == pytest.approx(total, rel=1e-12, abs=1e-9)
     rate = agg[metric_name(canonical) + "_total:rate"]
     assert rate["sum"] == pytest.approx(total / SECONDS, rel=1e-9)
 
 
 @pytest.mark.parametrize("canonical", mapped("gauge"))
-def test_mapped_gauges(agg: dict, canonical: str) -> None:
+def test_mapped_gauges(agg: dict[str, dict[str, float]], canonical: str) -> None:
     values: dict[str, float] = defaultdict(float)
     for body, family in families_of(canonical).items():
         for _, labels, v in samples(BODIES[body][1], family):
@@ -145,6 +146,7 @@ def test_mapped_gauges(agg: dict, canonical: str) -> None:
     if not values:
         assert got is None
         return
+    assert got is not None
     assert got["sum"] == pytest.approx(sum(values.values()), rel=1e-12, abs=1e-12)
     assert got["max"] == pytest.approx(max(values.values()), rel=1e-12)
     assert got["min"] == pytest.approx(min(values.values()), rel=1e-12)
@@ -152,7 +154,7 @@ def test_mapped_gauges(agg: dict, canonical: str) -> None:
 
 
 @pytest.mark.parametrize("canonical", mapped("histogram"))
-def test_mapped_histograms(agg: dict, canonical: str) -> None:
+def test_mapped_histograms(agg: dict[str, dict[str, float]], canonical: str) -> None:
     buckets = {e: b for e, b in bucket_increases(canonical).items() if b}
     got = agg.get(metric_name(canonical))
     assert buckets and got is not None, canonical

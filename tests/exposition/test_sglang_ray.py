@@ -20,13 +20,15 @@ import hashlib
 import json
 import math
 import re
+from typing import Any
 
 import numpy as np
 import pytest
 
-from fleetscope.exposition import Parser, parse
+from fleetscope.exposition import Exposition, Parser, parse
 from fleetscope.exposition.snapshot import EngineSnapshot
-from fleetscope.sources.http.source import HttpSource
+from fleetscope.identity import Role
+from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.ray.source import RAY_AGENT_IDENTITY, RayIdentity, RaySource
 from support.paths import DATA, RAY_DIR
 
@@ -35,8 +37,16 @@ TRUTH = json.loads((SG / "truth.json").read_text())
 RAY_VLLM = (RAY_DIR / "ray_vllm_default.prom").read_text()
 VLLM_META = json.loads((RAY_DIR / "ray_vllm_default_meta.json").read_text())
 _FIRST = next(ln for ln in RAY_VLLM.split("\n") if ln.startswith("ray_vllm_"))
-NODE_ADDRESS = re.search(r'NodeAddress="([^"]*)"', _FIRST).group(1)
-SESSION = re.search(r'SessionName="([^"]*)"', _FIRST).group(1)
+
+
+def _first_tag(pattern: str) -> str:
+    m = re.search(pattern, _FIRST)
+    assert m is not None, pattern
+    return m.group(1)
+
+
+NODE_ADDRESS = _first_tag(r'NodeAddress="([^"]*)"')
+SESSION = _first_tag(r'SessionName="([^"]*)"')
 OTEL = {
     "otel_scope_name": "ray._private.telemetry.open_telemetry_metric_recorder",
     "otel_scope_schema_url": "",
@@ -183,7 +193,7 @@ def test_the_rewrite_is_a_ray_body() -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_engines_are_replica_and_dp_rank_pairs(case) -> None:
+def test_engines_are_replica_and_dp_rank_pairs(case: str) -> None:
     expo = parse(ray_body({"r1": body(case), "r2": body(case)}))
     dp = dp_of(case)
     want = {ray_label(r, str(i)) for r in ("r1", "r2") for i in range(dp)}
@@ -192,7 +202,7 @@ def test_engines_are_replica_and_dp_rank_pairs(case) -> None:
 
 @pytest.mark.parametrize("other", ["single_after.prom", "dp2_after.prom"])
 @pytest.mark.parametrize("case", CASES)
-def test_every_series_equals_the_native_parse(case, other) -> None:
+def test_every_series_equals_the_native_parse(case: str, other: str) -> None:
     """Two different servers on one node: each engine is exactly its native self."""
     servers = {"r1": body(case), "r2": body(other)}
     expo = parse(ray_body(servers))
@@ -203,6 +213,7 @@ def test_every_series_equals_the_native_parse(case, other) -> None:
             assert_same(expo[ray_label(rid, e)], sn)
     # the endpoint: Ray's own system metrics, plus the tokenizer families of servers with
     # several DP replicas (no dp_rank: not split), summed over such servers
+    assert expo.endpoint is not None
     ep = items(expo.endpoint)
     engine_series = {k: v for k, v in ep.items() if k.startswith(("vllm:", "sglang:"))}
     want: dict[str, float] = {}
@@ -223,14 +234,14 @@ def test_only_the_bucket_ray_drops_differs_from_the_untouched_body() -> None:
     (gone,) = set(nat.layout.slot_ids) - set(ref.layout.slot_ids)
     assert gone.startswith("vllm:request_queue_time_seconds_bucket{")
 
-    def bounds(sn):
+    def bounds(sn: EngineSnapshot) -> tuple[float, ...]:
         (h,) = [h for h in sn.layout.histograms if h.name == "vllm:request_queue_time_seconds"]
         return h.bounds
 
     assert bounds(nat) == (0.0, *bounds(ref))
 
 
-def _truth(case: str, kind: str, name: str, **labels: str) -> list[dict]:
+def _truth(case: str, kind: str, name: str, **labels: str) -> list[dict[str, Any]]:
     return [
         s
         for s in TRUTH[case][kind]
@@ -275,6 +286,7 @@ def test_dp_replicas_stay_apart_and_kv_usage_is_not_added_up() -> None:
     # the tokenizer's counts (no dp_rank) of the DP server are the endpoint's; the single
     # server's belong to its one engine, though the body has several DP ranks overall
     gen = sum(s["value"] for s in _truth(case, "counters", "sglang:generation_tokens_total"))
+    assert expo.endpoint is not None
     assert expo.endpoint.value("vllm:generation_tokens_total") == gen
     for dp in "01":
         assert expo[ray_label("r1", dp)].value("vllm:generation_tokens_total") is None
@@ -315,6 +327,7 @@ def test_opencensus_counters_exported_twice_are_counted_once() -> None:
 def test_a_vllm_actor_on_the_same_node_is_unchanged() -> None:
     alone = parse(RAY_VLLM)
     expo = parse(ray_body({"r1": body("dp2_after.prom")}, vllm_actor=True))
+    assert expo.endpoint is not None
     vllm = [e for e in alone if e not in expo.endpoint]
     assert vllm and all(e in expo for e in vllm)
     for e in alone:
@@ -340,7 +353,9 @@ def test_fast_path_gives_the_same_result() -> None:
 # --------------------------------------------------------------------------- RaySource
 
 
-def _filtered(ident: RayIdentity, servers: dict[str, str]):
+def _filtered(
+    ident: RayIdentity, servers: dict[str, str]
+) -> tuple[Exposition, dict[str, Role], int]:
     expo = Parser(identity_labels=RAY_AGENT_IDENTITY).parse(ray_body(servers, vllm_actor=True))
     return RaySource(ident).filter(expo)
 
@@ -383,7 +398,7 @@ class _Agent(HttpSource):
         super().__init__(identity_labels=RAY_AGENT_IDENTITY)
         self.bodies = list(bodies)
 
-    async def _fetch(self, ep):
+    async def _fetch(self, ep: Endpoint) -> bytes:
         return (self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]).encode()
 
 
@@ -409,7 +424,8 @@ async def test_two_polls_through_a_collector_count_the_own_increase() -> None:
         await c.stop()
 
     def total(case: str, kind: str, name: str, **labels: str) -> float:
-        return sum(s["value"] for s in _truth(case, kind, name, **labels))
+        summed: float = sum(s["value"] for s in _truth(case, kind, name, **labels))
+        return summed
 
     gen = "sglang:generation_tokens_total"
     want = total("single_after.prom", "counters", gen) - total("single_idle.prom", "counters", gen)

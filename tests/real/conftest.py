@@ -30,7 +30,9 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import httpx
@@ -38,6 +40,9 @@ import pytest
 
 from real import bodies as B
 from real.scenario import GROUP, KIND, WINDOW, RealRun
+
+if TYPE_CHECKING:
+    from real.rl_scenario import RLRun
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADGEN = ROOT / "scripts" / "real_vllm" / "loadgen.py"
@@ -87,10 +92,10 @@ async def _get(http: httpx.AsyncClient, url: str, accept: str) -> tuple[str, str
     return r.text, r.headers.get("content-type", "")
 
 
-def _settled_values(body: str) -> dict[tuple, float]:
+def _settled_values(body: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every cumulative vllm: sample (counters, histogram parts): what must stop moving."""
     kinds = B.types(body)
-    out = {}
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for s in B.samples(body):
         fam = s.name
         for suffix in ("_total", "_bucket", "_count", "_sum"):
@@ -129,6 +134,7 @@ async def _scenario(run: RealRun, requests: int, concurrency: int) -> None:
             # 4. the window starts on a frozen state, which Prometheus then scrapes
             window = collector.window(WINDOW)
             await window.astart()
+            assert collector.last is not None
             run.record(collector.last)
             t = time.time()
             run.t1 = await asyncio.to_thread(run.prom.wait_for_scrape_after, t, 60.0)
@@ -201,6 +207,7 @@ async def _scenario(run: RealRun, requests: int, concurrency: int) -> None:
 
             # 7. the window stops on that frozen state; the final bodies
             run.window_keys = await window.astop()
+            assert collector.last is not None
             run.record(collector.last)
             await scrape_all("after")
             await scrape_all("after", accept=OPENMETRICS, suffix="_openmetrics")
@@ -240,7 +247,7 @@ def best_busy(run: RealRun) -> dict[str, dict[str, float]]:
 
 
 @pytest.fixture(scope="session")
-def real_run(tmp_path_factory: pytest.TempPathFactory):
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealRun]:
     if not _have_servers():
         pytest.fail(
             "these tests need two real vLLM servers: run `make test-real` "
@@ -287,7 +294,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def real_rl(real_run: RealRun):
+def real_rl(real_run: RealRun) -> RLRun:
     """The RL phase (tests/real/rl_scenario.py), after the main scenario, with its Prometheus."""
     from real.rl_scenario import WINDOW, rl_scenario
 

@@ -36,15 +36,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
+if TYPE_CHECKING:
+    from fleetscope.identity import Role
+
 ROOT = Path(__file__).resolve().parents[2]
 LOADGEN = ROOT / "scripts" / "real_vllm" / "loadgen.py"
-EMPTY_CHUNK = {"update_info": {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}}
+EMPTY_CHUNK: dict[str, dict[str, list[Any]]] = {
+    "update_info": {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
+}
 PAUSE_POLLS = 3  # polls while paused / asleep, about 1 s apart
-ROLES = {"server0": "prefill", "server1": "decode"}
+ROLES: dict[str, Role] = {"server0": "prefill", "server1": "decode"}
 WINDOW = "rollout"
 VERSIONS = ("default", "step-1", "step-2")  # announced in this order
 
@@ -294,9 +299,9 @@ async def rl_scenario(urls: dict[str, str], prom: Any, out_dir: Path) -> RLRun:
             run.t_promql = await asyncio.to_thread(prom.wait_for_scrape_after, time.time(), 60.0)
             run.summary = c.summary()
         finally:
-            for gen in (proc, proc2):
-                if gen is not None and gen.returncode is None:
-                    gen.kill()
+            for child in (proc, proc2):
+                if child is not None and child.returncode is None:
+                    child.kill()
             await c.stop()
     (out_dir / "rl_calls.json").write_text(
         json.dumps([c.__dict__ for c in run.calls], indent=1, default=str) + "\n"

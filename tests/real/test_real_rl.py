@@ -6,13 +6,16 @@ scraped bodies and PromQL."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import pytest
 
+from fleetscope.collector.core import FleetView
 from fleetscope.identity import EngineId
 from fleetscope.rl.versions import generation_delta
 from real import bodies as B
-from real.rl_scenario import ROLES, VERSIONS, WINDOW, RLRun
+from real.rl_scenario import ROLES, VERSIONS, WINDOW, Call, RLRun
+from real.scenario import RealRun
 
 OPS = ("init", "start", "update", "finish")
 RL_HIST = "vllm:rl_weight_update_operation_duration_seconds"
@@ -37,7 +40,7 @@ BOUNDARY = {"window_start", "window_stop", "sync1_enter", "sync1_exit", "sync2_e
 STALE = "inference/rl/stale_generation_tokens"
 
 
-def engines(view, endpoint: str) -> dict[EngineId, float]:
+def engines(view: FleetView, endpoint: str) -> dict[EngineId, float]:
     """Each engine of ``endpoint`` in this poll: its interval seconds."""
     return {
         e: d.seconds
@@ -46,12 +49,12 @@ def engines(view, endpoint: str) -> dict[EngineId, float]:
     }
 
 
-def scrape_time(view, endpoint: str) -> float:
+def scrape_time(view: FleetView, endpoint: str) -> float:
     (sc,) = [s for s in view.result.scrapes if s.endpoint == endpoint]
     return sc.time
 
 
-def tokens(view, endpoint: str) -> float:
+def tokens(view: FleetView, endpoint: str) -> float:
     """Tokens the endpoint's engines generated in this poll's interval (exact deltas)."""
     return sum(
         generation_delta(d)
@@ -60,7 +63,7 @@ def tokens(view, endpoint: str) -> float:
     )
 
 
-def known(view, endpoint: str) -> bool:
+def known(view: FleetView, endpoint: str) -> bool:
     """The collector knew the endpoint's served version at this poll (an announced one)."""
     return f"inference/{endpoint}/weight_version_index" in view.keys
 
@@ -72,7 +75,7 @@ def lag(run: RLRun, i: int, endpoint: str) -> int:
     return VERSIONS.index(policy) - VERSIONS.index(served[endpoint])
 
 
-def stale_tokens(run: RLRun, i: int, endpoints=None) -> float:
+def stale_tokens(run: RLRun, i: int, endpoints: Iterable[str] | None = None) -> float:
     """View ``i``'s stale tokens by the rule: engines of endpoints the collector knew at that
     poll and that served an older version than the trainer's, by the test's own calls."""
     _, view = run.views[i]
@@ -81,11 +84,11 @@ def stale_tokens(run: RLRun, i: int, endpoints=None) -> float:
     )
 
 
-def calls(run: RLRun, server: str, path: str) -> list:
+def calls(run: RLRun, server: str, path: str) -> list[Call]:
     return [c for c in run.calls if c.server == server and c.path == path]
 
 
-def prom_by_operation(real_run, expr: str, t: float) -> dict[str, float]:
+def prom_by_operation(real_run: RealRun, expr: str, t: float) -> dict[str, float]:
     return {r["metric"]["operation"]: r["value"] for r in real_run.prom.query(expr, t)}
 
 
@@ -359,7 +362,7 @@ def test_weight_syncs_and_the_engines_update_histograms(real_rl: RLRun) -> None:
     assert summary["inference_summary/rl/sync/engine_update_count{operation=update}"] == 1
 
 
-def test_weight_update_counts_equal_promql(real_run, real_rl: RLRun) -> None:
+def test_weight_update_counts_equal_promql(real_run: RealRun, real_rl: RLRun) -> None:
     name = "vllm[:_]rl_weight_update_operation_duration_seconds_count"
     got = real_run.prom.query(f'sum by (operation) ({{__name__=~"{name}"}})', real_rl.t_promql)
     counts = {r["metric"]["operation"]: r["value"] for r in got}
@@ -367,7 +370,7 @@ def test_weight_update_counts_equal_promql(real_run, real_rl: RLRun) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(HISTS))
-def test_operation_histograms_equal_promql(real_run, real_rl: RLRun, kind: str) -> None:
+def test_operation_histograms_equal_promql(real_run: RealRun, real_rl: RLRun, kind: str) -> None:
     """Per operation: the calls, the seconds (``_sum``) and p50/p90/p99 of fleetscope's run
     summary for the endpoint (and its role and the fleet) equal PromQL over the real
     Prometheus's scrapes at ``t_promql``. The family is created at its first call (absent in

@@ -70,6 +70,7 @@ def test_first_poll_of_idle_dp_server(real_run: RealRun) -> None:
     assert B.engines(dp_idle) == {"0", "1"}
     assert not B.present(dp_idle, "vllm:num_requests_running"), "vLLM now writes idle gauges"
     view = real_run.first_view
+    assert view is not None
     assert all(sc.ok for sc in view.result.scrapes), [sc.error for sc in view.result.scrapes]
     for eid in ("server1.0", "server1.1"):
         assert view.engines[eid].running is None

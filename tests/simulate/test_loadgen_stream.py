@@ -12,6 +12,8 @@ import asyncio
 import importlib
 import json
 import sys
+from collections.abc import AsyncIterator, Iterator
+from types import ModuleType
 
 import httpx
 import pytest
@@ -44,7 +46,7 @@ def stream(request: Request) -> Reply:
 
 
 @pytest.fixture
-def loadgen():
+def loadgen() -> Iterator[ModuleType]:
     sys.path.insert(0, str(SCRIPTS))
     try:
         yield importlib.import_module("loadgen")
@@ -53,12 +55,14 @@ def loadgen():
 
 
 @pytest.fixture
-def server_url():
+def server_url() -> Iterator[str]:
     with LoopbackServer(default=stream, protocol="HTTP/1.1") as server:
         yield server.url
 
 
-def test_streamed_json_with_unicode_line_separators_is_counted(loadgen, server_url) -> None:
+def test_streamed_json_with_unicode_line_separators_is_counted(
+    loadgen: ModuleType, server_url: str
+) -> None:
     req = {"kind": "completion_stream", "text": "hi", "max_tokens": 9, "ignore_eos": True}
     tally = loadgen.Tally()
 
@@ -72,8 +76,8 @@ def test_streamed_json_with_unicode_line_separators_is_counted(loadgen, server_u
     assert tally.finish_reasons == {"length": 1}
 
 
-def test_sse_lines_splits_on_newline_only(loadgen) -> None:
-    async def chunks():
+def test_sse_lines_splits_on_newline_only(loadgen: ModuleType) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
         body = sse_body()
         for i in range(0, len(body), 3):
             yield body[i : i + 3]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Sequence
+from typing import TypedDict
 
 import httpx
 import pytest
@@ -12,8 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetscope.catalog import FAMILY_BY_NAME
 from fleetscope.exposition import Parser
-from fleetscope.fleet.state import FleetState, ScrapeResult
-from fleetscope_sim import FleetServer, LoadProfile, SglangEndpoint, SimFleet
+from fleetscope.fleet.state import FleetState, PollResult
+from fleetscope.identity import Role
+from fleetscope.sources.base import ScrapeResult
+from fleetscope_sim import FleetServer, LoadProfile, SglangEndpoint, SimEndpoint, SimFleet
+from fleetscope_sim.ledger import SeriesKey
 from fleetscope_sim.sglang_families import FAMILIES
 from support.paths import DATA
 from support.promql import promql_bucket_quantile
@@ -30,7 +35,9 @@ def _samples(body: bytes) -> list[tuple[str, dict[str, str], float]]:
     ]
 
 
-def _fleet(kind: str = "sglang", dp: int = 2, roles=None, seconds: float = 20.0) -> SimFleet:
+def _fleet(
+    kind: str = "sglang", dp: int = 2, roles: Sequence[Role] | None = None, seconds: float = 20.0
+) -> SimFleet:
     fleet = SimFleet.build(2 if roles is None else len(roles), dp=dp, roles=roles, seed=7,
                            engine_kind=kind, wall_start=1_795_970_000.0)  # fmt: skip
     fleet.run(seconds, dt=0.5)
@@ -82,13 +89,22 @@ def test_idle_server_has_constants_but_no_request_series() -> None:
     assert not any(n.startswith("sglang:prompt_tokens") for n in names)  # created on use
 
 
-def _observe(fleet: SimFleet, steps: list[float]):
-    state, parsers, res = FleetState(), {}, None
-    truths = []
+class _Truth(TypedDict):
+    gen: float
+    retracted: list[float]
+
+
+def _observe(
+    fleet: SimFleet, steps: list[float]
+) -> tuple[PollResult | None, list[dict[str, _Truth]]]:
+    state = FleetState()
+    parsers: dict[str, Parser] = {}
+    res: PollResult | None = None
+    truths: list[dict[str, _Truth]] = []
     for i, dt in enumerate(steps):
         fleet.run(dt, dt=0.5)
         t = fleet.clock.sim_time
-        scrapes = []
+        scrapes: list[ScrapeResult] = []
         for ep in fleet.endpoints:
             p = parsers.setdefault(ep.name, Parser())
             expo = p.parse(ep.render(), time=t, wall_time=fleet.clock.wall())
@@ -153,6 +169,7 @@ def test_ttft_quantiles_and_hit_rate_over_a_dp2_server_follow_promql() -> None:
     a_prompt = ep.truth_total("sglang:prompt_tokens_total")
     res, _ = _observe(fleet, [0.0, 10.0])
     assert t_ttft is not None
+    assert res is not None
     b = _hist_truth(ep)
     pooled = [(le, sum(b[s][le] - a.get(s, {}).get(le, 0.0) for s in b)) for le in
               sorted(next(iter(b.values())))]  # fmt: skip
@@ -166,9 +183,9 @@ def test_ttft_quantiles_and_hit_rate_over_a_dp2_server_follow_promql() -> None:
     assert agg["prefix_cache_hit_rate"]["pooled"] == pytest.approx(hit, rel=1e-12)
 
 
-def _hist_truth(ep) -> dict[tuple, dict[float, float]]:
+def _hist_truth(ep: SimEndpoint) -> dict[SeriesKey, dict[float, float]]:
     """TTFT cumulative buckets per is_streaming child, from the endpoint's truth."""
-    out = {}
+    out: dict[SeriesKey, dict[float, float]] = {}
     for key, h in ep.truth.histograms.get("sglang:time_to_first_token_seconds", {}).items():
         out[key] = {float(k): float(v) for k, v in h.cumulative_by_bound().items()}
     return out

@@ -69,7 +69,7 @@ def _families(text: str) -> dict[str, Any]:
     return out
 
 
-def _series(fam: Any) -> dict[tuple, float]:
+def _series(fam: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fam.samples}
 
 
@@ -171,7 +171,9 @@ def test_every_route_is_404_without_dev_mode() -> None:
     assert "sleep_mode" not in ep.render().decode()
 
 
-def _catalogue(text: str) -> dict[str, tuple]:
+def _catalogue(
+    text: str,
+) -> dict[str, tuple[str, str, frozenset[str], tuple[float, ...], frozenset[str]]]:
     """family -> (type, help, label names, bucket bounds, operations) of the RL / sleep ones."""
     out = {}
     for name, fam in _families(text).items():
@@ -192,7 +194,7 @@ def test_bodies_served_over_http_have_the_real_families_and_labels() -> None:
     fleet.add_endpoint(dp=1, name="single", load=LoadProfile(arrival_rate=0.0))
     fleet.add_endpoint(dp=2, name="dp2", load=LoadProfile(arrival_rate=0.0))
     fleet.step(2.0)
-    sequence = [
+    sequence: list[tuple[str, dict[str, str], dict[str, Any] | None]] = [
         ("/sleep", {"level": "1"}, None),
         ("/wake_up", {}, None),
         ("/release_kv_cache_memory", {}, None),  # 500: not paused (observed all the same)
@@ -268,10 +270,17 @@ def test_ground_truth_follows_each_call_and_outlives_a_restart() -> None:
         "/start_weight_update",
     ]
     assert ep.rl.call("POST", "/update_weights", {"update_info": CHUNK_EMPTY})[0] == 500
-    assert ep.rl.truth("update").count == 1  # the failed call is observed
+    update = ep.rl.truth("update")
+    assert update is not None
+    assert update.count == 1  # the failed call is observed
 
 
-CHUNK_EMPTY = {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
+CHUNK_EMPTY: dict[str, list[Any]] = {
+    "names": [],
+    "dtype_names": [],
+    "shapes": [],
+    "ipc_handles": [],
+}
 
 
 def test_sglang_endpoints_have_no_vllm_sleep_or_transfer_routes() -> None:

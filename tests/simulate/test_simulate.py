@@ -8,11 +8,14 @@ import math
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from functools import lru_cache
 
 import httpx
 import pytest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from fleetscope_sim import (
     CONTENT_TYPE_LATEST,
@@ -22,6 +25,7 @@ from fleetscope_sim import (
     SimFleet,
     cli_main,
 )
+from fleetscope_sim.ledger import HistogramCounts, Ledger
 from fleetscope_sim.vllm_families import FAMILIES, build_1_2_5_buckets
 from support.paths import DATA
 
@@ -30,21 +34,27 @@ WALL = 1_800_000_000.0
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 
+# a family of a body: (type, help, label names, bucket bounds)
+FamilyEntry = tuple[str, str, frozenset[str], tuple[float, ...]]
+# a sample: (sample name, sorted label items)
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+Served = tuple[SimFleet, FleetServer]
+
 
 # -- helpers ---------------------------------------------------------------------------------------
 def fixture_text(name: str) -> str:
     return (FIXTURES / name).read_text()  # a missing fixture fails loudly
 
 
-def parse(text: str | bytes) -> dict:
+def parse(text: str | bytes) -> dict[str, Metric]:
     if isinstance(text, bytes):
         text = text.decode()
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def catalogue(text: str | bytes) -> dict[str, tuple]:
+def catalogue(text: str | bytes) -> dict[str, FamilyEntry]:
     """name -> (type, help, label names, bucket bounds) for every family of a body."""
-    out = {}
+    out: dict[str, FamilyEntry] = {}
     for name, fam in parse(text).items():
         labels = frozenset(k for s in fam.samples for k in s.labels if k != "le")
         bounds = tuple(
@@ -56,9 +66,9 @@ def catalogue(text: str | bytes) -> dict[str, tuple]:
     return out
 
 
-def sample_values(text: str | bytes) -> dict[tuple, float]:
+def sample_values(text: str | bytes) -> dict[SampleKey, float]:
     """(sample name, sorted label items) -> value."""
-    out = {}
+    out: dict[SampleKey, float] = {}
     for fam in parse(text).values():
         for s in fam.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
@@ -66,7 +76,7 @@ def sample_values(text: str | bytes) -> dict[tuple, float]:
 
 
 @lru_cache(maxsize=32)
-def _samples(body: bytes) -> tuple:
+def _samples(body: bytes) -> tuple[Sample, ...]:
     return tuple(s for fam in text_string_to_metric_families(body.decode()) for s in fam.samples)
 
 
@@ -83,8 +93,15 @@ def value(text: str | bytes, name: str, **labels: str) -> float:
     return sum(matching)
 
 
-def vllm_only(cat: dict[str, tuple]) -> dict[str, tuple]:
+def vllm_only(cat: dict[str, FamilyEntry]) -> dict[str, FamilyEntry]:
     return {k: v for k, v in cat.items() if k.startswith("vllm:") and not k.endswith("_created")}
+
+
+def hist_of(truth: Ledger, family: str, *key: str) -> HistogramCounts:
+    """``truth.histogram(family, *key)``, which must exist."""
+    hist = truth.histogram(family, *key)
+    assert hist is not None, (family, key)
+    return hist
 
 
 # -- catalogue vs real vLLM ------------------------------------------------------------------------
@@ -222,14 +239,14 @@ COUNTER_FAMILIES = [f.name for f in FAMILIES if f.kind == "counter" and f.per_en
 def test_counters_monotone_and_equal_to_truth() -> None:
     fleet = SimFleet.build(1, dp=2, seed=11, wall_start=WALL)
     endpoint = fleet.endpoints[0]
-    previous: dict[tuple, float] = {}
+    previous: dict[SampleKey, float] = {}
     for _ in range(8):
         fleet.step(1.0)
         values = sample_values(endpoint.render())
-        for key, v in values.items():
-            name = key[0]
-            if name.endswith(("_total", "_bucket", "_count")) and key in previous:
-                assert v >= previous[key], key
+        for sample, v in values.items():
+            name = sample[0]
+            if name.endswith(("_total", "_bucket", "_count")) and sample in previous:
+                assert v >= previous[sample], sample
         previous = values
     body = endpoint.render()
     for engine in endpoint.engines:
@@ -239,6 +256,7 @@ def test_counters_monotone_and_equal_to_truth() -> None:
                 labels = {"engine": engine.label}
                 spec = next(f for f in FAMILIES if f.name == family)
                 if key:
+                    assert spec.label is not None, family
                     labels[spec.label] = key[0]
                 assert value(body, family, **labels) == total, (family, key)
         for family, series in truth.histograms.items():
@@ -269,16 +287,16 @@ def test_truth_obeys_vllm_invariants() -> None:
         assert t.counter("vllm:request_success_total", "length") > 0
         assert t.counter("vllm:request_success_total", "stop") > 0
         for fam in ("vllm:e2e_request_latency_seconds", "vllm:request_prompt_tokens"):
-            assert t.histogram(fam).count == finished
+            assert hist_of(t, fam).count == finished
         gen = t.counter("vllm:generation_tokens_total")
-        ttft = t.histogram("vllm:time_to_first_token_seconds").count
-        assert t.histogram("vllm:inter_token_latency_seconds").count == gen - ttft
-        it = t.histogram("vllm:iteration_tokens_total")
+        ttft = hist_of(t, "vllm:time_to_first_token_seconds").count
+        assert hist_of(t, "vllm:inter_token_latency_seconds").count == gen - ttft
+        it = hist_of(t, "vllm:iteration_tokens_total")
         assert t.counter("vllm:num_preemptions_total") == 0
         assert it.sum == t.counter("vllm:prompt_tokens_by_source_total", "local_compute") + gen
-        assert t.histogram("vllm:request_prefill_kv_computed_tokens").count == finished
+        assert hist_of(t, "vllm:request_prefill_kv_computed_tokens").count == finished
         # raw observations are kept and agree with the buckets
-        obs = t.histogram("vllm:time_to_first_token_seconds").observations
+        obs = hist_of(t, "vllm:time_to_first_token_seconds").observations
         assert obs is not None and sum(n for _, n in obs) == ttft
         assert len(t.gauge_history) == 10
 
@@ -292,8 +310,8 @@ def test_prefill_and_decode_roles() -> None:
     finished = p.counter("vllm:request_success_total")
     assert finished > 0
     assert p.counter("vllm:request_success_total", "length") == finished
-    assert p.histogram("vllm:request_generation_tokens").sum == finished  # one token each
-    assert p.histogram("vllm:inter_token_latency_seconds").count == 0
+    assert hist_of(p, "vllm:request_generation_tokens").sum == finished  # one token each
+    assert hist_of(p, "vllm:inter_token_latency_seconds").count == 0
     d = decode.engines[0].truth
     assert d.counter("vllm:prompt_tokens_by_source_total", "local_compute") == 0
     external = d.counter("vllm:prompt_tokens_by_source_total", "external_kv_transfer")
@@ -322,8 +340,8 @@ def test_preemptions_under_kv_pressure() -> None:
     preemptions = t.counter("vllm:num_preemptions_total")
     assert preemptions > 0
     assert max(usage) > 0.8 and max(usage) <= 1.0
-    assert t.histogram("vllm:request_num_preemptions").sum <= preemptions
-    assert t.histogram("vllm:iteration_tokens_total").sum > t.counter(
+    assert hist_of(t, "vllm:request_num_preemptions").sum <= preemptions
+    assert hist_of(t, "vllm:iteration_tokens_total").sum > t.counter(
         "vllm:prompt_tokens_by_source_total", "local_compute"
     ) + t.counter("vllm:generation_tokens_total")  # recomputed tokens
     body = fleet.endpoints[0].render()
@@ -438,7 +456,7 @@ def test_lazy_series_appears_mid_run_from_zero() -> None:
         )
         assert (
             e.truth.counter("vllm:request_success_total")
-            == e.truth.histogram("vllm:request_prompt_tokens").count
+            == hist_of(e.truth, "vllm:request_prompt_tokens").count
         )
     # single mode: the lazy child gets its own _created, later than the others
     single = SimFleet.build(1, seed=6, wall_start=WALL)
@@ -468,7 +486,7 @@ def test_change_buckets_and_max_model_len_layouts() -> None:
     body = narrow.render()
     assert catalogue(body)["vllm:request_prompt_tokens"][3] == (*new_bounds, math.inf)
     assert value(body, "vllm:request_prompt_tokens_count") == count
-    hist = narrow.engines[0].truth.histogram("vllm:request_prompt_tokens")
+    hist = hist_of(narrow.engines[0].truth, "vllm:request_prompt_tokens")
     assert hist.bounds == new_bounds and hist.count == count
     with pytest.raises(ValueError):
         narrow.change_buckets("vllm:prompt_tokens_total", (1.0,))
@@ -476,7 +494,7 @@ def test_change_buckets_and_max_model_len_layouts() -> None:
 
 # -- HTTP ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[Served]:
     fleet = SimFleet.build(3, roles=[None, "prefill", "decode"], seed=1)
     fleet.add_endpoint(dp=2)
     fleet.step(1.0)
@@ -485,14 +503,14 @@ def served():
 
 
 @pytest.fixture
-def clean(served):
+def clean(served: Served) -> Iterator[Served]:
     fleet, server = served
     yield fleet, server
     for ep in fleet.endpoints:
         ep.clear_faults()
 
 
-def test_http_routes(clean) -> None:
+def test_http_routes(clean: Served) -> None:
     fleet, server = clean
     assert len(server.urls) == 4 and all(u.startswith("http://127.0.0.1:") for u in server.urls)
     with httpx.Client(timeout=5) as client:
@@ -516,7 +534,7 @@ def test_http_routes(clean) -> None:
         assert server.url("decode0") == server.urls[2]
 
 
-def test_http_keep_alive_serves_several_requests_on_one_connection(clean) -> None:
+def test_http_keep_alive_serves_several_requests_on_one_connection(clean: Served) -> None:
     fleet, server = clean
     port = server.ports[0]
     expected = fleet.endpoints[0].render()
@@ -526,7 +544,7 @@ def test_http_keep_alive_serves_several_requests_on_one_connection(clean) -> Non
             sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             status = stream.readline()
             assert status.startswith(b"HTTP/1.1 200")
-            headers = {}
+            headers: dict[str, str] = {}
             while (line := stream.readline()) != b"\r\n":
                 key, _, val = line.decode().partition(":")
                 headers[key.lower()] = val.strip()
@@ -539,7 +557,7 @@ def test_http_keep_alive_serves_several_requests_on_one_connection(clean) -> Non
         assert rest.startswith(b"HTTP/1.1 200") and b"Connection: close" in rest
 
 
-def test_http_faults(clean) -> None:
+def test_http_faults(clean: Served) -> None:
     fleet, server = clean
     ep = fleet.endpoints[0]
     url = server.metrics_urls[0]
@@ -617,7 +635,7 @@ def test_endpoint_down_and_fleet_growing_mid_run() -> None:
         assert client.get(f"{late_url}/get_metrics_worker_info").json()["role"] == "decode"
 
 
-def test_http_scrapes_consistent_while_stepping(clean) -> None:
+def test_http_scrapes_consistent_while_stepping(clean: Served) -> None:
     fleet, server = clean
     stop = threading.Event()
     errors: list[BaseException] = []

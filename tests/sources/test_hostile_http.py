@@ -19,6 +19,7 @@ import pytest
 
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.fleet.view import counter_increase
+from fleetscope.identity import EngineId
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
 from support.bodies import sample_value, set_values
@@ -32,7 +33,7 @@ PROMPT = r'^vllm:prompt_tokens_total\{engine="0"'
 GEN_ID = "vllm:generation_tokens_total"
 TTFT = "vllm:time_to_first_token_seconds"
 COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
-BAD = "hostile.0"
+BAD = EngineId("hostile", "0")
 
 
 class Hostile:
@@ -55,9 +56,11 @@ class Rig:
         self.fleet, self.hostile, self.collector = fleet, hostile, collector
         self.truth = self._truth()
 
-    def _truth(self) -> dict[str, dict[str, float]]:
+    def _truth(self) -> dict[EngineId, dict[str, float]]:
         return {
-            e.engine_id: {f: e.truth.counter(f) for f in COUNTERS} for e in self.fleet.engines()
+            # e.engine_id, as a value
+            EngineId(e.endpoint.name, e.label): {f: e.truth.counter(f) for f in COUNTERS}
+            for e in self.fleet.engines()
         }
 
     async def poll(self, body: str, dt: float = 1.0) -> FleetView:
@@ -111,17 +114,17 @@ async def rig() -> AsyncIterator[Rig]:
         hostile.close()
 
 
-def _delta(view: FleetView, eid: str, sid: str) -> float:
+def _delta(view: FleetView, eid: EngineId, sid: str) -> float:
     d = view.result.deltas[eid]
     i = d.layout.index.get(sid)
     return math.nan if i is None else float(d.delta[i])
 
 
 @pytest.mark.parametrize("value", ["+Inf", "NaN", "-5.0"])
-async def test_http_bad_counter_value_is_excluded_and_the_rest_is_exact(value) -> None:
+async def test_http_bad_counter_value_is_excluded_and_the_rest_is_exact(value: str) -> None:
     async with rig() as r:
         await r.poll(LOAD)
-        bad = set_values(AFTER, GEN, value)
+        bad = set_values(AFTER, GEN, value)  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
         v = await r.poll(bad)
         # the hostile engine: its bad series left out, its other series exact
         assert GEN_ID not in v.result.deltas[BAD].layout.index
@@ -144,7 +147,7 @@ async def test_http_bad_counter_value_is_excluded_and_the_rest_is_exact(value) -
 
 async def test_http_plus_inf_on_the_first_scrape_is_no_false_restart() -> None:
     async with rig() as r:
-        await r.poll(set_values(LOAD, GEN, "+Inf"))
+        await r.poll(set_values(LOAD, GEN, "+Inf"))  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
         v = await r.poll(AFTER)
         d = v.result.deltas[BAD]
         assert not d.restarted and d.series_new == 0
@@ -215,7 +218,7 @@ async def test_http_histogram_cut_short_is_excluded() -> None:
 async def test_http_rate_divides_by_the_interval_the_increase_spans() -> None:
     async with rig() as r:
         await r.poll(LOAD)
-        await r.poll(set_values(AFTER, GEN, "NaN"), dt=1.0)
+        await r.poll(set_values(AFTER, GEN, "NaN"), dt=1.0)  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
         v = await r.poll(AFTER, dt=1.0)
         d = v.result.deltas[BAD]
         i = d.layout.index[GEN_ID]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -25,7 +26,7 @@ async def test_a_burst_of_parses_yields_to_the_loop_between_slices() -> None:
 
     seen: list[int] = []
 
-    def job(i: int):
+    def job(i: int) -> Callable[[], int]:
         def run() -> int:
             seen.append(iteration)
             time.sleep(0.001)  # each parse takes at least 1 ms

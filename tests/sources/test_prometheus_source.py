@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from typing import Any, TypedDict
 
 import httpx
 import pytest
@@ -26,13 +27,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
 from fleetscope.fleet.state import PollResult
+from fleetscope.identity import EngineId, Role
+from fleetscope.sources.base import ScrapeResult
 from fleetscope.sources.http.source import Endpoint
 from fleetscope.sources.prometheus import PrometheusSource
 from fleetscope_sim import FleetServer, SimFleet
 from support.prom import PrometheusError, PrometheusServer, serve_registry
 
 SCRAPE_INTERVAL = 0.5
-ROLES: list[str | None] = ["prefill", "decode", "decode", None]
+ROLES: list[Role | None] = ["prefill", "decode", "decode", None]
 DP = [1, 2, 2, 1]  # dp=1: single-process exposition with `_created` samples
 DOWN = "decode1"
 GEN = "inference/agg/generation_tokens_total/delta"
@@ -77,13 +80,16 @@ def scrape_times(prom: PrometheusServer, instance: str) -> set[float]:
     return set(prom.scrape_times(window=120.0)[instance])
 
 
-def check_rates(result: PollResult, prev: PollResult, prom: PrometheusServer, inst: dict) -> int:
+def check_rates(
+    result: PollResult, prev: PollResult, prom: PrometheusServer, inst: dict[str, str]
+) -> int:
     """rate = increase / (difference of this target's Prometheus scrape timestamps)."""
     stats, pstats = result.stats, prev.stats
     now = {sc.endpoint: sc for sc in result.scrapes}
     before = {sc.endpoint: sc for sc in prev.scrapes}
     checked = 0
     for i, eid in enumerate(stats.engine_ids):
+        assert isinstance(eid, EngineId)  # (typed str in PollStats)
         endpoint = eid.endpoint
         if not stats.is_engine[i] or eid not in pstats.engine_ids:
             continue
@@ -126,7 +132,15 @@ def test_prometheus_source_matches_direct_scraping() -> None:
             asyncio.run(_run(fleet, server, prom, eps, names, roles, inst))
 
 
-async def _run(fleet, server, prom, eps, names, roles, inst) -> None:
+async def _run(
+    fleet: SimFleet,
+    server: FleetServer,
+    prom: PrometheusServer,
+    eps: list[Endpoint],
+    names: dict[str, str],
+    roles: dict[str, Role],
+    inst: dict[str, str],
+) -> None:
     direct = Collector(eps, interval=5.0)
     source = PrometheusSource(prom.url, names=names, roles=roles)
     viaprom = Collector(source=source, interval=5.0)
@@ -182,9 +196,16 @@ async def _run(fleet, server, prom, eps, names, roles, inst) -> None:
 # ----------------------------------------------------------------------------- vllm_ names
 
 
-def _registry() -> tuple[CollectorRegistry, dict]:
+class _Metrics(TypedDict):
+    success: Counter
+    gen: Counter
+    running: Gauge
+    ttft: Histogram
+
+
+def _registry() -> tuple[CollectorRegistry, _Metrics]:
     reg = CollectorRegistry()
-    m = {
+    m: _Metrics = {
         "success": Counter(
             "vllm:request_success",
             "Finished requests.",
@@ -204,7 +225,7 @@ def _registry() -> tuple[CollectorRegistry, dict]:
     return reg, m
 
 
-def _drive(m: dict, k: int) -> None:
+def _drive(m: _Metrics, k: int) -> None:
     for e in ("0", "1"):
         m["success"].labels(e, "stop").inc(3 + k)
         m["success"].labels(e, "length").inc(1)
@@ -234,11 +255,17 @@ def test_openmetrics_underscore_names_map_back_and_new_families_are_typed() -> N
         asyncio.run(_run_names(prom, names, classic.url, reg, m))
 
 
-async def _run_names(prom, names, classic_url, reg, m) -> None:
+async def _run_names(
+    prom: PrometheusServer,
+    names: dict[str, str],
+    classic_url: str,
+    reg: CollectorRegistry,
+    m: _Metrics,
+) -> None:
     source = PrometheusSource(prom.url, names=names, metadata_every=1000)
     viaprom = Collector(source=source, interval=5.0)
     direct = Collector([Endpoint(classic_url, name="classic")], interval=5.0)
-    late = None
+    late: Counter | None = None
     try:
         for k in range(3):
             if k:
@@ -293,7 +320,7 @@ def test_render_maps_underscore_names_back() -> None:
         "vllm:time_to_first_token_seconds": "histogram",
     }
 
-    def s(name: str, value: str, **labels: str) -> dict:
+    def s(name: str, value: str, **labels: str) -> dict[str, Any]:
         return {
             "metric": {"__name__": name, "instance": "h:1", "job": "fleet", **labels},
             "value": [1.0, value],
@@ -340,7 +367,7 @@ def test_a_target_scraped_while_reading_is_read_again() -> None:
     seen_times: list[str] = []
     calls = {"stamps": 0}
 
-    def vector(rows: list[tuple[dict, float]]) -> httpx.Response:
+    def vector(rows: list[tuple[dict[str, str], float]]) -> httpx.Response:
         result = [{"metric": m, "value": [1.0, repr(v)]} for m, v in rows]
         return httpx.Response(
             200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
@@ -365,7 +392,7 @@ def test_a_target_scraped_while_reading_is_read_again() -> None:
         assert q.startswith("{__name__="), q
         return vector([(metric, 5.0)])
 
-    async def run():
+    async def run() -> list[ScrapeResult]:
         src = PrometheusSource("http://prom:9090", names={"h:1": "server0"})
         src._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
         try:
@@ -376,5 +403,6 @@ def test_a_target_scraped_while_reading_is_read_again() -> None:
     (sc,) = asyncio.run(run())
     assert sc.ok and sc.endpoint == "server0"
     assert sc.wall_time == 101.0  # the target's own scrape time (time: this clock's)
+    assert sc.exposition is not None
     assert sc.exposition["0"].value("vllm:generation_tokens_total") == 7.0
     assert len(set(seen_times)) == 1 and seen_times[0] is not None  # one evaluation time

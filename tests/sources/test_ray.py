@@ -24,7 +24,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import ModuleType
+from typing import Any
 
 import httpx
 import pytest
@@ -32,7 +34,7 @@ import ray  # not importorskip: CI installs Ray, and a missing Ray must fail lou
 from ray import cloudpickle
 from ray.util import metrics as ray_metrics
 
-from fleetscope.collector.core import Collector
+from fleetscope.collector.core import Collector, FleetView
 from fleetscope.sources.ray.source import (
     RayIdentity,
     RaySource,
@@ -41,8 +43,12 @@ from fleetscope.sources.ray.source import (
 )
 from support.ray_cluster import local_ray
 
+# Ray's own functions used here, without annotations upstream: their signatures, typed here
+register_pickle_by_value: Callable[[ModuleType], None] = cloudpickle.register_pickle_by_value
+ray_nodes: Callable[[], list[dict[str, Any]]] = ray.nodes
+
 # Ray's workers cannot import this test module: ship its actor class by value
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
+register_pickle_by_value(sys.modules[__name__])
 
 REPORT_INTERVAL_MS = 1000
 MODEL = "tiny-llama"
@@ -106,14 +112,20 @@ class FakeVllmEngine:
         return True
 
 
+# the actor class ray.remote made of it (.remote, .options): mypy keeps the decorated
+# class's own type, and Ray's actor handles are untyped
+ENGINE_ACTOR: Any = FakeVllmEngine
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster() -> Iterator[Any]:
     with local_ray(
         "fsray-",
         _metrics_export_port=_free_port(),
@@ -123,25 +135,25 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def engines(ray_cluster):
+def engines(ray_cluster: Any) -> tuple[list[Any], list[str]]:
     """(own prefill, own decode, foreign twin of the prefill one) and their worker ids."""
     actors = [
-        FakeVllmEngine.remote(MODEL, 0),
-        FakeVllmEngine.remote(MODEL, 1),
-        FakeVllmEngine.remote(MODEL, 0),  # same tags as the prefill engine, another worker
+        ENGINE_ACTOR.remote(MODEL, 0),
+        ENGINE_ACTOR.remote(MODEL, 1),
+        ENGINE_ACTOR.remote(MODEL, 0),  # same tags as the prefill engine, another worker
     ]
-    wids = ray.get([a.worker_id.remote() for a in actors], timeout=60)
+    wids: list[str] = ray.get([a.worker_id.remote() for a in actors], timeout=60)
     return actors, wids
 
 
 def _agent_url() -> str:
-    (ep,) = discover_agents(ray.nodes())
+    (ep,) = discover_agents(ray_nodes())
     return ep.metrics_url
 
 
 def _samples(body: str) -> dict[tuple[str, str], float]:
     """(sample name, WorkerId) -> value, for the ray_vllm_* samples we record (no buckets)."""
-    out = {}
+    out: dict[tuple[str, str], float] = {}
     rx = re.compile(r'^(ray_vllm_\w+)\{.*WorkerId="([0-9a-f]*)".* (\S+)$')
     for line in body.splitlines():
         m = rx.match(line)
@@ -150,10 +162,12 @@ def _samples(body: str) -> dict[tuple[str, str], float]:
     return out
 
 
-def _wait_for_agent(url: str, want: Mapping[tuple[str, str], float], timeout: float = 20.0):
+def _wait_for_agent(
+    url: str, want: Mapping[tuple[str, str], float], timeout: float = 20.0
+) -> dict[tuple[str, str], float]:
     """Until the agent serves every expected value (Ray reports every report interval)."""
     deadline = time.monotonic() + timeout
-    got: dict = {}
+    got: dict[tuple[str, str], float] = {}
     while time.monotonic() < deadline:
         try:
             got = _samples(httpx.get(url, timeout=5).text)
@@ -166,9 +180,11 @@ def _wait_for_agent(url: str, want: Mapping[tuple[str, str], float], timeout: fl
     raise AssertionError(f"agent at {url} never showed {missing} (want, got)")
 
 
-def _expect(wids, totals) -> dict[tuple[str, str], float]:
+def _expect(
+    wids: Sequence[str], totals: Sequence[tuple[float, float, float, int]]
+) -> dict[tuple[str, str], float]:
     """Expected agent samples from per-actor (prompt, generation, running, ttft count)."""
-    want = {}
+    want: dict[tuple[str, str], float] = {}
     for wid, (p, g, r, n) in zip(wids, totals, strict=True):
         want[("ray_vllm_prompt_tokens_total", wid)] = p
         want[("ray_vllm_generation_tokens_total", wid)] = g
@@ -177,11 +193,11 @@ def _expect(wids, totals) -> dict[tuple[str, str], float]:
     return want
 
 
-def _record(actors, plan) -> None:
+def _record(actors: Sequence[Any], plan: Sequence[tuple[int, int, float, list[float]]]) -> None:
     ray.get([a.record.remote(*p) for a, p in zip(actors, plan, strict=True)], timeout=30)
 
 
-def test_worker_ids_from_actor_handles(engines) -> None:
+def test_worker_ids_from_actor_handles(engines: tuple[list[Any], list[str]]) -> None:
     actors, wids = engines
     assert len(set(wids)) == 3 and all(re.fullmatch(r"[0-9a-f]{56}", w) for w in wids)
     # Ray's actor table, read for the handles (works without the dashboard)
@@ -193,12 +209,12 @@ def test_worker_ids_from_actor_handles(engines) -> None:
 
 
 async def test_collector_counts_exactly_the_own_engines(
-    engines, caplog: pytest.LogCaptureFixture
+    engines: tuple[list[Any], list[str]], caplog: pytest.LogCaptureFixture
 ) -> None:
     actors, wids = engines
     own_p, own_d, twin = wids
     url = _agent_url()
-    node = next(n for n in ray.nodes() if n["Alive"])
+    node = next(n for n in ray_nodes() if n["Alive"])
     endpoint = f"node-{node['NodeID'][:8]}"
     e_p, e_d = f"{endpoint}.{own_p[:8]}-0", f"{endpoint}.{own_d[:8]}-1"
 
@@ -256,7 +272,7 @@ async def test_collector_counts_exactly_the_own_engines(
     ]
 
 
-async def test_identity_lookup_from_actor_handles(engines) -> None:
+async def test_identity_lookup_from_actor_handles(engines: tuple[list[Any], list[str]]) -> None:
     actors, wids = engines
 
     def lookup() -> RayIdentity:
@@ -275,9 +291,11 @@ async def test_identity_lookup_from_actor_handles(engines) -> None:
     assert {e.role for e in view.engines.values()} == {"prefill", "decode"}
 
 
-def test_failed_lookup_for_a_dead_actor(engines, ray_cluster) -> None:
+def test_failed_lookup_for_a_dead_actor(
+    engines: tuple[list[Any], list[str]], ray_cluster: Any
+) -> None:
     """A lookup that cannot succeed raises (RaySource turns that into a disabled source)."""
-    actor = FakeVllmEngine.remote(MODEL, 5)
+    actor = ENGINE_ACTOR.remote(MODEL, 5)
     ray.get(actor.worker_id.remote(), timeout=60)
     ray.kill(actor)
     for _ in range(50):
@@ -291,15 +309,15 @@ def test_failed_lookup_for_a_dead_actor(engines, ray_cluster) -> None:
 
 
 async def test_a_restarted_actor_is_re_resolved_and_counted_from_its_start(
-    engines, caplog: pytest.LogCaptureFixture
+    engines: tuple[list[Any], list[str]], caplog: pytest.LogCaptureFixture
 ) -> None:
     """An actor restarts (``max_restarts``) in a new worker under a new worker id. With an
     ``identity_lookup``, RaySource looks it up again, follows the new worker, and counts
     the new process from 0: the work it did before fleetscope first saw it is not lost."""
-    actor = FakeVllmEngine.options(max_restarts=1).remote(MODEL, 7)
+    actor = ENGINE_ACTOR.options(max_restarts=1).remote(MODEL, 7)
     old = ray.get(actor.worker_id.remote(), timeout=60)
     url = _agent_url()
-    node = next(n for n in ray.nodes() if n["Alive"])
+    node = next(n for n in ray_nodes() if n["Alive"])
     endpoint = f"node-{node['NodeID'][:8]}"
     ray.get(actor.record.remote(100, 50, 1.0, [0.05]), timeout=30)
     _wait_for_agent(url, {("ray_vllm_generation_tokens_total", old): 50})
@@ -335,7 +353,7 @@ async def test_a_restarted_actor_is_re_resolved_and_counted_from_its_start(
         _wait_for_agent(url, {("ray_vllm_generation_tokens_total", new): 20})
 
         e_new = f"{endpoint}.{new[:8]}-7"
-        views = []
+        views: list[FleetView] = []
         while e_new not in (views[-1].engines if views else {}):
             assert len(views) < 6, [sorted(v.engines) for v in views]
             time.sleep(1.1)  # polls a clock-skew margin apart, like a real interval

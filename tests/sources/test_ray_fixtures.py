@@ -17,13 +17,16 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
 
-from fleetscope.collector.core import Collector
-from fleetscope.exposition import Parser
-from fleetscope.sources.http.source import HttpSource
+from fleetscope.collector.core import Collector, FleetView
+from fleetscope.exposition import Exposition, Parser
+from fleetscope.exposition.snapshot import EngineSnapshot
+from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.ray.source import (
     RAY_AGENT_IDENTITY,
     AgentEngine,
@@ -44,7 +47,7 @@ VLLM_META = json.loads((RAY_DIR / "ray_vllm_default_meta.json").read_text())
 OC_META = json.loads((RAY_DIR / "ray_vllm_ocdefault_meta.json").read_text())
 
 
-def parse(body: str):
+def parse(body: str) -> Exposition:
     return Parser(identity_labels=RAY_AGENT_IDENTITY).parse(body)
 
 
@@ -52,7 +55,7 @@ def own_value(body: str, family: str, worker_id: str) -> float:
     return sample_value(body, rf'^{family}\{{.*WorkerId="{worker_id}"')
 
 
-async def polls(src: RaySource, n: int):
+async def polls(src: RaySource, n: int) -> list[FleetView]:
     """``n`` polls of a Collector reading ``src`` (no background loop), then its shutdown."""
     c = Collector(source=src, interval=3600)
     try:
@@ -69,13 +72,13 @@ class FakeAgents(HttpSource):
         self.bodies = list(bodies)
         self.fetched: list[str] = []
 
-    async def _fetch(self, ep):
+    async def _fetch(self, ep: Endpoint) -> bytes:
         self.fetched.append(ep.metrics_url)
         body = self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]
         return body.encode()
 
 
-def source(identity: RayIdentity | None, *bodies: str, **kw) -> RaySource:
+def source(identity: RayIdentity | None, *bodies: str, **kw: Any) -> RaySource:
     return RaySource(identity, nodes=lambda: [NODE], http=FakeAgents(*bodies), **kw)
 
 
@@ -92,7 +95,7 @@ def source(identity: RayIdentity | None, *bodies: str, **kw) -> RaySource:
     ids=["worker-ids", "worker-ids+model-name"],
 )
 @pytest.mark.parametrize("name", ["ray_default.prom", "ray_default_after_kill_twin.prom"])
-def test_own_engines_kept_twin_and_foreign_dropped(name, identity) -> None:
+def test_own_engines_kept_twin_and_foreign_dropped(name: str, identity: RayIdentity) -> None:
     body = fixture_text(name)
     kept, roles, dropped = RaySource(identity).filter(parse(body))
     assert sorted(kept) == sorted([f"{OWN0[:8]}-0", f"{OWN1[:8]}-1"])
@@ -120,9 +123,11 @@ async def test_two_polls_count_exactly_the_own_increase(caplog: pytest.LogCaptur
     twin's left-over counter +500 and the foreign one +5. Only the own +13 counts."""
     second = fixture_text("ray_default_after_kill_twin.prom")
     for wid, inc in ((OWN0, 10), (OWN1, 3), (TWIN, 500), (FOREIGN, 5)):
-        second = set_values(
-            second, rf'^ray_vllm_prompt_tokens_total\{{.*WorkerId="{wid}"', lambda v, i=inc: v + i
-        )
+
+        def grown(v: float, i: int = inc) -> float:
+            return v + i
+
+        second = set_values(second, rf'^ray_vllm_prompt_tokens_total\{{.*WorkerId="{wid}"', grown)
     ident = RayIdentity(worker_ids={OWN0, OWN1}, roles={OWN0: "prefill", OWN1: "decode"})
     src = source(ident, fixture_text("ray_default.prom"), second)
     with caplog.at_level(logging.INFO, logger="fleetscope"):
@@ -143,6 +148,7 @@ async def test_two_polls_count_exactly_the_own_increase(caplog: pytest.LogCaptur
     # what the filter drops is said (once, and again when it changes), never silent
     said = [r.getMessage() for r in caplog.records if "foreign filtered out" in r.getMessage()]
     assert said == ["fleetscope: Ray agents: 2 own vLLM engine(s) kept, 2 foreign filtered out"]
+    assert isinstance(src.http, FakeAgents)
     assert (
         src.http.fetched[0]
         == f"http://{NODE['NodeManagerAddress']}:{NODE['MetricsExportPort']}/metrics"
@@ -154,7 +160,7 @@ async def test_two_polls_count_exactly_the_own_increase(caplog: pytest.LogCaptur
 
 def _vllm_families(body: str) -> dict[str, str]:
     """`ray_vllm_*` TYPE lines -> the `vllm:` family names fleetscope should give them."""
-    out = {}
+    out: dict[str, str] = {}
     for fam, typ in re.findall(r"^# TYPE ray_vllm_(\S+) (\S+)$", body, re.M):
         if typ == "counter":
             fam = fam.removesuffix("_total")
@@ -167,7 +173,7 @@ def _vllm_families(body: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("name", "meta"), [("ray_vllm_default.prom", VLLM_META), ("ray_vllm_ocdefault.prom", OC_META)]
 )
-def test_vllm_actor_is_one_engine_under_vllm_names(name, meta) -> None:
+def test_vllm_actor_is_one_engine_under_vllm_names(name: str, meta: dict[str, Any]) -> None:
     body = fixture_text(name)
     wid = meta["identity"]["worker_id"]
     kept, _, dropped = RaySource(RayIdentity(worker_ids={wid})).filter(parse(body))
@@ -247,6 +253,7 @@ async def test_filtering_everything_away_warns(caplog: pytest.LogCaptureFixture)
     src = source(RayIdentity(worker_ids={"f" * 56}), fixture_text("ray_default.prom"))
     with caplog.at_level(logging.WARNING, logger="fleetscope"):
         results = await src.scrape()
+    assert results[0].exposition is not None
     assert [r.ok for r in results] == [True] and len(results[0].exposition) == 0
     assert src.foreign_engines == 4 and src.missing == {"f" * 56}
     assert any("identity filter removed everything" in r.getMessage() for r in caplog.records)
@@ -292,7 +299,7 @@ def _slow() -> RayIdentity:
     ],
 )
 async def test_identity_lookup_failure_disables_only_the_source(
-    caplog: pytest.LogCaptureFixture, lookup, why
+    caplog: pytest.LogCaptureFixture, lookup: Callable[[], RayIdentity], why: str
 ) -> None:
     src = source(None, fixture_text("ray_default.prom"), identity_lookup=lookup, lookup_timeout=0.3)
     with caplog.at_level(logging.WARNING, logger="fleetscope"):
@@ -304,19 +311,21 @@ async def test_identity_lookup_failure_disables_only_the_source(
     assert v2.keys["inference/agg/engines_reporting"] == 0
     disabled = [r for r in caplog.records if "Ray metrics disabled" in r.getMessage()]
     assert len(disabled) == 1 and disabled[0].levelno == logging.WARNING
+    assert isinstance(src.http, FakeAgents)
     assert src.http.fetched == []  # nothing scraped without an identity
 
 
 async def test_identity_lookup_success_runs_once() -> None:
-    calls = []
+    calls: list[int] = []
 
-    def lookup():
+    def lookup() -> RayIdentity:
         calls.append(1)
         return RayIdentity(worker_ids={OWN0, OWN1})
 
     src = source(None, fixture_text("ray_default.prom"), identity_lookup=lookup)
     assert len(await src.scrape()) == 1
     results = await src.scrape()
+    assert results[0].exposition is not None
     assert calls == [1] and len(results[0].exposition) == 2
 
 
@@ -364,14 +373,14 @@ async def test_a_steady_foreign_count_after_a_dead_first_poll_is_no_restart() ->
     """Re-lookups are for restarts: own ids missing, or *new* foreign engines. Foreign engines
     that were there all along are not new, even when the agents did not answer the first
     poll (nothing was counted then, not zero)."""
-    calls = []
+    calls: list[int] = []
 
-    def lookup():
+    def lookup() -> RayIdentity:
         calls.append(1)
         return RayIdentity(worker_ids={OWN0, OWN1})
 
     class FirstPollDead(FakeAgents):
-        async def _fetch(self, ep):
+        async def _fetch(self, ep: Endpoint) -> bytes:
             if not self.fetched:
                 self.fetched.append(ep.metrics_url)
                 raise httpx.ConnectError("agent not up yet")
@@ -389,6 +398,7 @@ async def test_a_steady_foreign_count_after_a_dead_first_poll_is_no_restart() ->
     assert not first[0].ok
     for _ in range(3):
         results = await src.scrape()
+        assert results[0].exposition is not None
         assert results[0].ok and len(results[0].exposition) == 2
     assert src.foreign_engines > 0 and src.missing == set()
     assert calls == [1]  # the first lookup only
@@ -397,6 +407,12 @@ async def test_a_steady_foreign_count_after_a_dead_first_poll_is_no_restart() ->
 # --------------------------------------------------------------------------- bad data (Ray)
 
 _WID_RX = re.compile(r'WorkerId="[0-9a-f]*",?')
+
+
+def _value(snap: EngineSnapshot, name: str) -> float:
+    v = snap.value(name)
+    assert v is not None, name
+    return v
 
 
 def _strip_worker_id(line: str) -> str:
@@ -425,7 +441,9 @@ def _replicas_body(workers: dict[str, str | None], kv: dict[str, float]) -> str:
     [{"r1": "a" * 56, "r2": "b" * 56}, {"r1": None, "r2": None}],
     ids=["worker-ids", "no-worker-ids"],
 )
-def test_replicas_without_an_engine_tag_stay_separate_engines(workers) -> None:
+def test_replicas_without_an_engine_tag_stay_separate_engines(
+    workers: dict[str, str | None],
+) -> None:
     """Distinct ReplicaIds whose samples have no `engine` tag were one engine (KV usage
     summed: 0.9); each replica is its own engine."""
     body = _replicas_body(workers, {"r1": 0.25, "r2": 0.65})
@@ -436,7 +454,7 @@ def test_replicas_without_an_engine_tag_stay_separate_engines(workers) -> None:
     )
     kept, _, dropped = RaySource(ident).filter(parse(body))
     assert dropped == 0 and len(kept) == 2
-    assert sorted(s.value("vllm:kv_cache_usage_perc") for s in kept.values()) == [0.25, 0.65]
+    assert sorted(_value(s, "vllm:kv_cache_usage_perc") for s in kept.values()) == [0.25, 0.65]
     gen = sample_value(
         fixture_text("ray_vllm_default.prom"), r"^ray_vllm_generation_tokens_total\{"
     )

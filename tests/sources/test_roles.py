@@ -12,7 +12,7 @@ import asyncio
 import io
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -57,7 +57,16 @@ class RouteServer(FleetServer):
         self.kv_consumers = set(kv_consumers)
         self.requests: Counter[tuple[str, str]] = Counter()
 
-    async def _respond(self, endpoint, method, path, writer, keep_alive, body=b"", query=""):  # type: ignore[override]
+    async def _respond(
+        self,
+        endpoint: SimEndpoint,
+        method: str,
+        path: str,
+        writer: asyncio.StreamWriter,
+        keep_alive: bool,
+        body: bytes = b"",
+        query: str = "",
+    ) -> bool:
         self.requests[(endpoint.name, path)] += 1
         if path == WORKER_INFO and endpoint.name in self.no_worker_info:
             body = b'{"detail":"Not Found"}'
@@ -79,14 +88,15 @@ async def served(
     for spec in specs:
         fleet.add_endpoint(**spec)
     fleet.step(3.0)
-    server = RouteServer(fleet, **server_kw).start()
+    server = RouteServer(fleet, **server_kw)
+    server.start()  # (it returns the server, but typed as a FleetServer)
     try:
         yield fleet, server
     finally:
         server.stop()
 
 
-def collector(endpoints: list[str | Endpoint], **kw: Any) -> Collector:
+def collector(endpoints: Sequence[str | Endpoint], **kw: Any) -> Collector:
     kw.setdefault("interval", 3600.0)
     kw.setdefault("timeout", 5.0)
     kw.setdefault("fetch_model_info", False)
@@ -129,7 +139,7 @@ async def test_roles_from_worker_info_after_the_first_poll(
 ) -> None:
     """Four servers given as bare URLs (display names server0..server3): after the first poll
     the prefill and decode ones are in their scopes, exactly, and each was asked once."""
-    specs = [
+    specs: list[dict[str, Any]] = [
         {"role": "prefill", "dp": 2},  # server0
         {"role": "decode", "dp": 1},  # server1
         {"role": "decode", "dp": 2},  # server2
@@ -170,7 +180,8 @@ async def test_roles_from_worker_info_after_the_first_poll(
     s = "inference_summary/combined"
     assert combined[f"{s}/prefill/prompt_tokens_total/delta"] == p1 - p0
     assert combined[f"{s}/decode/generation_tokens_total/delta"] == d1 - d0
-    assert combined[f"{s}/agg/generation_tokens_total/delta"] > d1 - d0  # + prefill + server3
+    agg_gen = combined[f"{s}/agg/generation_tokens_total/delta"]
+    assert not isinstance(agg_gen, str) and agg_gen > d1 - d0  # + prefill + server3
 
     # asked once per endpoint, never again; no warning
     for name in ("prefill0", "decode0", "decode1", "server0"):
@@ -191,7 +202,7 @@ async def test_roles_from_worker_info_after_the_first_poll(
 async def test_without_the_route_no_role_and_no_warning(caplog: pytest.LogCaptureFixture) -> None:
     """A server that answers 404 to ``/get_metrics_worker_info`` keeps no role: asked once,
     nothing logged, its engines count in ``agg`` only."""
-    specs = [{"role": "decode", "dp": 2}, {"role": "decode", "dp": 1}]
+    specs: list[dict[str, Any]] = [{"role": "decode", "dp": 2}, {"role": "decode", "dp": 1}]
     async with served(specs, no_worker_info={"decode1"}) as (fleet, server):
         c = collector(server.urls)
         await c.poll()
@@ -210,7 +221,7 @@ async def test_without_the_route_no_role_and_no_warning(caplog: pytest.LogCaptur
 async def test_kv_consumer_gauge_marks_a_decode_server(caplog: pytest.LogCaptureFixture) -> None:
     """No worker-info route, but the KV-consumer gauge: a decode server. Without the gauge
     (server1) nothing is guessed."""
-    specs = [{"role": "decode", "dp": 2}, {"role": "decode", "dp": 1}]
+    specs: list[dict[str, Any]] = [{"role": "decode", "dp": 2}, {"role": "decode", "dp": 1}]
     async with served(specs, no_worker_info={"decode0", "decode1"}, kv_consumers={"decode0"}) as (
         fleet,
         server,
@@ -228,7 +239,11 @@ async def test_kv_consumer_gauge_marks_a_decode_server(caplog: pytest.LogCapture
 async def test_explicit_roles_are_never_overridden(caplog: pytest.LogCaptureFixture) -> None:
     """Roles given by the caller win over what the server says (worker info, KV gauge); the
     server is not even asked."""
-    specs = [{"role": "prefill", "dp": 1}, {"role": "decode", "dp": 1}, {"role": None}]
+    specs: list[dict[str, Any]] = [
+        {"role": "prefill", "dp": 1},
+        {"role": "decode", "dp": 1},
+        {"role": None},
+    ]
     async with served(specs, kv_consumers={"decode0"}) as (fleet, server):
         urls = server.urls
         c = collector(
@@ -258,7 +273,7 @@ async def test_explicit_roles_are_never_overridden(caplog: pytest.LogCaptureFixt
 
 async def test_role_asked_at_the_first_successful_scrape(caplog: pytest.LogCaptureFixture) -> None:
     """An endpoint that is down at first is asked for its role once it answers, not before."""
-    specs = [{"role": "decode", "dp": 1}, {"role": "prefill", "dp": 1}]
+    specs: list[dict[str, Any]] = [{"role": "decode", "dp": 1}, {"role": "prefill", "dp": 1}]
     async with served(specs) as (fleet, server):
         fleet.endpoint("prefill0").set_http_error(503)
         c = collector(server.urls)
@@ -282,7 +297,7 @@ async def test_discovered_roles_make_tails_role_aware() -> None:
     """Discovered roles feed the role-aware reductions: a prefill engine's few generated
     tokens (one per request, by design) never pin the decode or fleet generation-rate tail,
     while a stalled decode engine does, and is the one health reports."""
-    specs = [
+    specs: list[dict[str, Any]] = [
         {"role": "prefill", "dp": 2},  # server0.0, server0.1
         {"role": "decode", "dp": 2},  # server1.0, server1.1
         {"role": "decode", "dp": 1},  # server2.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Coroutine
 
 import httpx
 import pytest
@@ -24,6 +25,11 @@ from fleetscope_sim import FleetServer, SimFleet
 from support.paths import DATA
 
 SG = DATA / "sglang-0.5.23"
+# what httpx.MockTransport answers with: a sync or an async handler
+Handler = (
+    Callable[[httpx.Request], httpx.Response]
+    | Callable[[httpx.Request], Coroutine[None, None, httpx.Response]]
+)
 
 
 class Recorder:
@@ -34,7 +40,7 @@ class Recorder:
         self.calls.append((endpoint, kind, message))
 
 
-def _client(handler) -> httpx.AsyncClient:
+def _client(handler: Handler) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.MockTransport(handler))
 
 
@@ -42,7 +48,7 @@ def _result(name: str, text: str) -> ScrapeResult:
     return ScrapeResult(name, parse(text), 0.0, 0.0)
 
 
-async def _settle(sv: ServerVersions, ep: Endpoint, text: str, client) -> None:
+async def _settle(sv: ServerVersions, ep: Endpoint, text: str, client: httpx.AsyncClient) -> None:
     async def get() -> httpx.AsyncClient:
         return client
 
@@ -85,7 +91,7 @@ def test_sglang_version_from_server_info_and_a_missing_name_warned_once() -> Non
         assert asked == ["/version", "/server_info"]  # SGLang 0.5.23 has no /version
         assert sv.version("server3") == "0.5.23"
         for _ in range(JUDGE_BODIES + 3):
-            sv.start(lambda: client, [ep], [_result("server3", cut)])  # type: ignore[arg-type]
+            sv.start(lambda: client, [ep], [_result("server3", cut)])  # type: ignore[arg-type, return-value]  # a sync getter, never called: version settled
         assert asked == ["/version", "/server_info"]  # asked once
         r = sv.annotate(_result("server3", cut))
         assert (r.engine_kind, r.server_version) == ("sglang", "0.5.23")
@@ -114,7 +120,7 @@ def test_complete_body_no_warning_and_idle_body_not_judged() -> None:
         await _settle(sv, ep_full, full, client)
         await _settle(sv, ep_idle, idle, client)
         for _ in range(JUDGE_BODIES + 2):
-            sv.start(lambda: client, [ep_full, ep_idle],  # type: ignore[arg-type]
+            sv.start(lambda: client, [ep_full, ep_idle],  # type: ignore[arg-type, return-value]  # a sync getter, never called: version settled
                      [_result("full", full), _result("idle", idle)])  # fmt: skip
 
     asyncio.run(main())
@@ -133,7 +139,11 @@ def test_a_hanging_version_route_meets_its_deadline_and_backs_off(
 
     log = logging.getLogger("fleetscope.test")
     warner = RateLimitedWarner(log, prefix="fleetscope: ")
-    sv = ServerVersions(lambda e, k, m: warner.warn(f"{e}:{k}", m), deadline=0.2)
+
+    def warn(e: str, k: str, m: str) -> None:
+        warner.warn(f"{e}:{k}", m)
+
+    sv = ServerVersions(warn, deadline=0.2)
     ep = Endpoint("http://user:hunter2@127.0.0.1:1", name="server0")
     body = (SG / "single_after.prom").read_text()
 
@@ -182,7 +192,7 @@ def test_http_source_reads_vllm_and_sglang_versions_from_the_simulator() -> None
 
 
 @pytest.mark.parametrize("payload", [{"version": 3}, {"version": "x" * 500}, ["0.1"]])
-def test_unusable_answers_are_no_version(payload) -> None:
+def test_unusable_answers_are_no_version(payload: object) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json=payload)
 
@@ -216,10 +226,10 @@ def test_an_idle_multiprocess_vllm_server_is_not_judged_until_it_served() -> Non
         client = _client(handler)
         await _settle(sv, ep, idle, client)
         for _ in range(JUDGE_BODIES + 5):
-            sv.start(lambda: client, [ep], [_result("dp", idle)])  # type: ignore[arg-type]
+            sv.start(lambda: client, [ep], [_result("dp", idle)])  # type: ignore[arg-type, return-value]  # a sync getter, never called: version settled
         assert warn.calls == [] and sv._probes["dp"].judged is False
         for _ in range(JUDGE_BODIES):
-            sv.start(lambda: client, [ep], [_result("dp", cut)])  # type: ignore[arg-type]
+            sv.start(lambda: client, [ep], [_result("dp", cut)])  # type: ignore[arg-type, return-value]  # a sync getter, never called: version settled
 
     asyncio.run(main())
     (call,) = [c for c in warn.calls if c[1] == "catalog"]
@@ -247,7 +257,7 @@ def test_an_sglang_prefill_server_is_not_expected_to_record_first_tokens() -> No
             await _settle(sv, ep, bodies[ep.name], client)
         for _ in range(JUDGE_BODIES):
             results = [_result(n, b) for n, b in bodies.items()]
-            sv.start(lambda: client, eps, results)  # type: ignore[arg-type]
+            sv.start(lambda: client, eps, results)  # type: ignore[arg-type, return-value]  # a sync getter, never called: version settled
 
     asyncio.run(main())
     assert warn.calls == []

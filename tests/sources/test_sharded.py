@@ -24,15 +24,18 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import pytest
 
-from fleetscope.collector.core import Collector
+from fleetscope.collector.core import Collector, FleetView
 from fleetscope.collector.sharded import ShardedCollector, shard_endpoints
 from fleetscope.exposition import Parser
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState
+from fleetscope.identity import Role
+from fleetscope.sources.base import ScrapeResult
 from fleetscope.sources.http.source import Endpoint
 from fleetscope.stats.reduce import (
     EngineInput,
@@ -101,7 +104,7 @@ def sharded_reduce(
 
 
 # endpoint name -> (role, dp, max_model_len, groups)
-SIM_LAYOUT: dict[str, tuple[str | None, int, int, tuple[str, ...]]] = {
+SIM_LAYOUT: dict[str, tuple[Role | None, int, int, tuple[str, ...]]] = {
     "prefill0": ("prefill", 1, 512, ("model-a", "node0")),
     "prefill1": ("prefill", 2, 1024, ("model-a", "node1")),
     "decode0": ("decode", 2, 512, ("model-a", "node0")),
@@ -126,7 +129,7 @@ class _Poller:
     def __init__(self) -> None:
         self.parsers: dict[str, Parser] = {}
         self.state = FleetState()
-        self.meta: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+        self.meta: dict[str, tuple[Role | None, tuple[str, ...]]] = {}
 
     def poll(self, bodies: dict[str, str | bytes], t: float) -> list[EngineInput]:
         scrapes = []
@@ -163,7 +166,7 @@ def poll_sequence(seed: int) -> list[list[EngineInput]]:
         out["real-single"] = _fixture(real_single)
         return out
 
-    polls = []
+    polls: list[list[EngineInput]] = []
     fleet.step(1.5)
     polls.append(p.poll(bodies("dp2_idle.prom", "single_idle.prom"), 10.0))  # baselines
     fleet.step(2.0)
@@ -185,7 +188,7 @@ def polls() -> list[list[EngineInput]]:
     return poll_sequence(seed=7)
 
 
-def test_inputs_cover_what_the_merge_must_handle(polls) -> None:
+def test_inputs_cover_what_the_merge_must_handle(polls: list[list[EngineInput]]) -> None:
     """The data really has roles, groups, mixed bucket layouts, restarts and baselines."""
     last = polls[-1]
     roles = {i.role for i in last}
@@ -209,7 +212,9 @@ def test_inputs_cover_what_the_merge_must_handle(polls) -> None:
 
 
 @pytest.mark.parametrize("poll_index", [0, 1, 2, 3])
-def test_merged_partials_equal_one_reduction(polls, poll_index) -> None:
+def test_merged_partials_equal_one_reduction(
+    polls: list[list[EngineInput]], poll_index: int
+) -> None:
     inputs = polls[poll_index]
     want = reduce_poll(inputs)
     rng = random.Random(1000 + poll_index)
@@ -220,7 +225,7 @@ def test_merged_partials_equal_one_reduction(polls, poll_index) -> None:
         assert_identical(sharded_reduce(inputs, splits), want)
 
 
-def test_extra_scopes_and_groups_in_one_part_only(polls) -> None:
+def test_extra_scopes_and_groups_in_one_part_only(polls: list[list[EngineInput]]) -> None:
     """A group whose engines are all in one part, and a declared scope no engine is in."""
     inputs = polls[-1]
     extra = ("empty-scope", "model-real")
@@ -253,7 +258,7 @@ def test_shard_endpoints_is_contiguous_and_balanced() -> None:
 # ----------------------------------------------------------------------------- Ray half
 
 # endpoint roles of the served fleet, in order (names: prefill0.., decode0.., server0)
-RAY_ROLES: list[str | None] = ["prefill", "prefill", "decode", "decode", "decode", None, "decode"]
+RAY_ROLES: list[Role | None] = ["prefill", "prefill", "decode", "decode", "decode", None, "decode"]
 RAY_DP = [1, 2, 2, 1, 2, 1, 2]
 FAILING = "decode3"  # in the last shard with 2 and with 4 shards
 
@@ -270,7 +275,7 @@ def clock_dependent(key: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster() -> Iterator[Any]:
     with local_ray("fsshard-", log_to_driver=False) as ctx:
         yield ctx
 
@@ -282,7 +287,7 @@ def _served_fleet() -> SimFleet:
     return fleet
 
 
-def interval_clock_dependent(keys: dict[str, float]):
+def interval_clock_dependent(keys: Mapping[str, float | str]) -> Callable[[str], bool]:
     """For window and summary keys: also active seconds, coverage (the run labels' is covered
     engine-seconds over active seconds; windows' is checked apart), and gauges' time-weighted
     stats (weighted by each collector's own seconds; their peaks are not)."""
@@ -299,7 +304,10 @@ def interval_clock_dependent(keys: dict[str, float]):
 
 
 def _compare(
-    got: dict[str, float], want: dict[str, float], label: str, skip=clock_dependent
+    got: Mapping[str, float | str],
+    want: Mapping[str, float | str],
+    label: str,
+    skip: Callable[[str], bool] = clock_dependent,
 ) -> int:
     assert set(got) == set(want), (
         label,
@@ -310,7 +318,13 @@ def _compare(
         if skip(k):
             continue
         # exact: the same scrapes, the same arithmetic, whatever the sharding
-        assert got[k] == v or (math.isnan(got[k]) and math.isnan(v)), (label, k, got[k], v)
+        # (summaries hold a few str values: equal, they never reach the NaN check)
+        assert got[k] == v or (math.isnan(cast(float, got[k])) and math.isnan(cast(float, v))), (
+            label,
+            k,
+            got[k],
+            v,
+        )
         compared += 1
     return compared
 
@@ -342,15 +356,17 @@ def _check_rates(stats: PollStats, prev: PollStats, span: float, label: str) -> 
     assert engines >= sum(RAY_DP) - RAY_DP[-1] and checked == 3 * engines, (label, checked)
 
 
-async def _poll_all(collectors: dict[str, Collector]) -> tuple[dict, float, float]:
+async def _poll_all(
+    collectors: dict[str, Collector],
+) -> tuple[dict[str, FleetView], float, float]:
     t0 = time.monotonic()
-    views = {}
+    views: dict[str, FleetView] = {}
     for name, c in collectors.items():  # one after another: all see the same frozen bodies
         views[name] = await c.poll()
     return views, t0, time.monotonic()
 
 
-def test_sharded_collector_matches_one_collector(ray_cluster) -> None:
+def test_sharded_collector_matches_one_collector(ray_cluster: Any) -> None:
     fleet = _served_fleet()
     fleet.step(1.0)
     with FleetServer(fleet) as server:
@@ -377,7 +393,7 @@ async def _run_collectors(fleet: SimFleet, eps: list[Endpoint]) -> None:
     totals = dict.fromkeys(collectors, 0.0)
     try:
         await _discover_roles(fleet, collectors)
-        history = []
+        history: list[tuple[dict[str, FleetView], float]] = []
         for step in range(3):  # baselines; FAILING answers HTTP 500; it is back
             if step:
                 fleet.step(2.0)
@@ -433,7 +449,9 @@ async def _discover_roles(fleet: SimFleet, collectors: dict[str, Collector]) -> 
         await asyncio.sleep(0.5)
 
 
-def _check_shards_agree(step: int, views: dict, keys: dict[str, dict[str, float]]) -> None:
+def _check_shards_agree(
+    step: int, views: dict[str, FleetView], keys: dict[str, Mapping[str, float]]
+) -> None:
     """The sharded collectors' keys and typed views are one collector's."""
     for name in ("shards2", "shards4"):
         n = _compare(keys[name], keys["one"], f"step {step} {name}")
@@ -449,7 +467,9 @@ def _check_shards_agree(step: int, views: dict, keys: dict[str, dict[str, float]
             assert sum(v is not None for v in want_pre.values()) >= 8
 
 
-def _check_failure_keys(keys: dict[str, dict[str, float]], failed: bool, n_endpoints: int) -> None:
+def _check_failure_keys(
+    keys: dict[str, Mapping[str, float]], failed: bool, n_endpoints: int
+) -> None:
     """Every collector counts the failed scrape (or none) the same way."""
     dp_failed = RAY_DP[-1]
     for name, k in keys.items():
@@ -501,7 +521,7 @@ async def _check_window_summary_and_state(
     return in_window
 
 
-def test_sharded_collector_follows_fleet_changes(ray_cluster) -> None:
+def test_sharded_collector_follows_fleet_changes(ray_cluster: Any) -> None:
     """add_endpoints / remove_endpoints on a sharded collector: an added endpoint goes to the
     emptiest shard (empty shards included), a removed one is dropped by its shard; a window
     across both changes has one collector's keys, the fleet's true total and coverage 1."""
@@ -586,7 +606,7 @@ def rl_clock_dependent(key: str) -> bool:
     return "_engine_seconds" in key or key.endswith(("_share", "sync/seconds", "seconds_total"))
 
 
-def test_sharded_collector_reports_the_same_rl_figures(ray_cluster) -> None:
+def test_sharded_collector_reports_the_same_rl_figures(ray_cluster: Any) -> None:
     """Versions, skew, stale tokens, weight syncs, paused / asleep engines: the probes run in
     the driver and the shards' scrapes feed them, so a sharded collector reports exactly one
     collector's RL figures; its paused / asleep engine-seconds follow its own deltas."""
@@ -599,8 +619,14 @@ def test_sharded_collector_reports_the_same_rl_figures(ray_cluster) -> None:
         asyncio.run(_run_rl(fleet, eps))
 
 
+class _RlOptions(TypedDict):
+    interval: float
+    rl_probes: bool
+    fetch_model_info: bool
+
+
 async def _run_rl(fleet: SimFleet, eps: list[Endpoint]) -> None:
-    opts = {"interval": 3600.0, "rl_probes": True, "fetch_model_info": False}
+    opts: _RlOptions = {"interval": 3600.0, "rl_probes": True, "fetch_model_info": False}
     collectors: dict[str, Collector] = {
         "one": Collector(eps, **opts),
         "shards2": ShardedCollector(eps, shards=2, **opts),
@@ -655,13 +681,13 @@ async def _run_rl(fleet: SimFleet, eps: list[Endpoint]) -> None:
             d = v.result.deltas
             paused = sum(x.seconds for e, x in d.items() if e.is_engine and e.endpoint == "server1")
             asleep = sum(x.seconds for e, x in d.items() if e.is_engine and e.endpoint == "server2")
-            k = v.keys
+            vk = v.keys
             if (
-                "inference/server1/paused_engine_seconds" in k
-                and k["inference/server1/engines_paused"]
+                "inference/server1/paused_engine_seconds" in vk
+                and vk["inference/server1/engines_paused"]
             ):
-                assert k["inference/server1/paused_engine_seconds"] == pytest.approx(paused), name
-            assert k["inference/server2/sleeping_engine_seconds"] == pytest.approx(asleep), name
+                assert vk["inference/server1/paused_engine_seconds"] == pytest.approx(paused), name
+            assert vk["inference/server2/sleeping_engine_seconds"] == pytest.approx(asleep), name
     first = rows[0][0]["shards2"].keys
     assert (
         first["inference/rl/engines_stale"] == 1

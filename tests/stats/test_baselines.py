@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from fleetscope.exposition import Parser
+from fleetscope.exposition.snapshot import EngineLayout
 from fleetscope.stats.baselines import BATCH_MIN, Advance, Baselines
+from fleetscope.stats.deltas import EngineDelta
 from support.bodies import drop_lines, set_values
 from support.paths import fixture_text
 
@@ -39,13 +41,13 @@ def event(body: str, kind: str, k: int) -> str:
     if kind == "drop":  # no start-time evidence: core counters dropped
         return set_values(set_values(body, GEN, 2.0), PROMPT, 2.0)
     if kind == "invalid":
-        return set_values(body, GEN, "NaN")
+        return set_values(body, GEN, "NaN")  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     if kind == "missing":  # a histogram blinks out
         return drop_lines(body, QUEUE)
     return body
 
 
-def same(a, b) -> bool:
+def same(a: EngineDelta, b: EngineDelta) -> bool:
     for f in dataclasses.fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
@@ -67,7 +69,7 @@ def test_advance_many_equals_advance_engine_by_engine(seed: int) -> None:
     rows = 0
     real_batch = many._batch
 
-    def counting(lay, items):
+    def counting(lay: EngineLayout, items: list[Advance]) -> list[EngineDelta | None]:
         nonlocal rows
         out = real_batch(lay, items)
         rows += sum(d is not None for d in out)
@@ -75,7 +77,7 @@ def test_advance_many_equals_advance_engine_by_engine(seed: int) -> None:
 
     many._batch = counting  # type: ignore[method-assign]
     for k in range(1, 9):
-        items = []
+        items: list[Advance] = []
         for e in engines:
             if rng.random() < 0.15 and k > 1:
                 continue  # a failed scrape: its baseline waits

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection
 
 import numpy as np
 import pytest
 
 from fleetscope.exposition import Parser
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.exposition.snapshot import EngineSnapshot
+from fleetscope.fleet.state import FleetState, PollResult
+from fleetscope.identity import EngineId
+from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.baselines import Baselines
-from fleetscope.stats.deltas import engine_delta
+from fleetscope.stats.deltas import EngineDelta, engine_delta
 from support.bodies import drop_lines, sample_value, sample_values, set_values
 from support.paths import fixture_text
 
@@ -36,11 +40,11 @@ LATE_CREATED = (
 )
 
 
-def snap(body: str, t: float, engine: str = "0", parser: Parser | None = None):
+def snap(body: str, t: float, engine: str = "0", parser: Parser | None = None) -> EngineSnapshot:
     return (parser or Parser()).parse(body, time=t, wall_time=WALL + t)[engine]
 
 
-def delta_of(d, series: str, **labels) -> float:
+def delta_of(d: EngineDelta, series: str, **labels: str) -> float:
     from fleetscope.exposition.snapshot import format_series
 
     sid = format_series(series, tuple(sorted(labels.items())))
@@ -51,7 +55,13 @@ def text_delta(prev: str, cur: str, pattern: str) -> float:
     return sample_value(cur, pattern) - sample_value(prev, pattern)
 
 
-def assert_all_exact(d, prev_body: str, cur_body: str, engine: str = "0", skip=()) -> None:
+def assert_all_exact(
+    d: EngineDelta,
+    prev_body: str,
+    cur_body: str,
+    engine: str = "0",
+    skip: Collection[str] = (),
+) -> None:
     """Every counter / bucket / count / sum of ``engine`` has delta = cur - prev (from text)."""
     prev = Parser().parse(prev_body)[engine]
     cur = Parser().parse(cur_body)[engine]
@@ -198,7 +208,7 @@ def test_restart_is_counted_and_logged_and_voids_nothing_else(
     state = FleetState()
     parsers = {"server0": Parser(), "server1": Parser()}
 
-    def poll(bodies, t):
+    def poll(bodies: dict[str, str], t: float) -> PollResult:
         return state.observe(
             [
                 ScrapeResult(n, parsers[n].parse(b, time=t, wall_time=WALL + t), t, WALL + t)
@@ -216,7 +226,9 @@ def test_restart_is_counted_and_logged_and_voids_nothing_else(
         "server0.0" in r.getMessage() and "restart" in r.getMessage() for r in caplog.records
     )
     # the other engine is exact, and the scope total is the sum of both engines' deltas
-    assert delta_of(res.deltas["server1.0"], "vllm:generation_tokens_total") == 1998 - 25
+    assert (
+        delta_of(res.deltas[EngineId("server1", "0")], "vllm:generation_tokens_total") == 1998 - 25
+    )
     gen = res.stats.scopes["agg"].metrics["generation_tokens_total"]["delta"]
     assert gen == 4000.0 + (1998 - 25)
 
@@ -251,6 +263,7 @@ def test_lazily_created_series_in_real_multiprocess_captures() -> None:
     b = Baselines()
     idle = p.parse(DP_IDLE, time=0.0, wall_time=WALL)
     load = p.parse(DP_LOAD, time=30.0, wall_time=WALL + 30)
+    assert idle.endpoint is not None and load.endpoint is not None
     b.advance("server0", idle.endpoint)
     d = b.advance("server0", load.endpoint)
     assert not d.restarted
@@ -307,8 +320,14 @@ def test_series_that_vanishes_for_one_scrape_is_not_double_counted() -> None:
 # --------------------------------------------------------------------------- engines come and go
 
 
-def _poll(state: FleetState, parsers: dict, bodies: dict, t: float, failed=()):
-    scrapes = []
+def _poll(
+    state: FleetState,
+    parsers: dict[str, Parser],
+    bodies: dict[str, str],
+    t: float,
+    failed: Collection[str] = (),
+) -> PollResult:
+    scrapes: list[ScrapeResult] = []
     for name, body in bodies.items():
         p = parsers.setdefault(name, Parser())
         if name in failed:
@@ -326,7 +345,8 @@ def _bump(body: str, engine: str, amount: float) -> str:
 
 
 def test_engine_missing_from_one_scrape_keeps_its_baseline_and_next_delta_is_exact() -> None:
-    state, parsers = FleetState(), {}
+    state = FleetState()
+    parsers: dict[str, Parser] = {}
     b0 = DP_LOAD
     b1 = drop_lines(_bump(b0, "0", 10), r'engine="1"')  # engine 1 absent from this body
     b2 = _bump(_bump(_bump(b0, "0", 10), "0", 5), "1", 7)
@@ -335,16 +355,17 @@ def test_engine_missing_from_one_scrape_keeps_its_baseline_and_next_delta_is_exa
     assert "server0.1" not in r1.deltas and r1.stats.scopes["agg"].engines == 1
     assert r1.keys["inference/agg/engines_reporting"] == 1.0
     r2 = _poll(state, parsers, {"server0": b2}, 12.0)
-    d1 = r2.deltas["server0.1"]
+    d1 = r2.deltas[EngineId("server0", "1")]
     assert d1.seconds == 12.0  # the longer interval
     assert delta_of(d1, "vllm:generation_tokens_total") == 7.0
-    assert r2.deltas["server0.0"].seconds == 7.0
-    assert delta_of(r2.deltas["server0.0"], "vllm:generation_tokens_total") == 5.0
+    assert r2.deltas[EngineId("server0", "0")].seconds == 7.0
+    assert delta_of(r2.deltas[EngineId("server0", "0")], "vllm:generation_tokens_total") == 5.0
     assert r2.stats.engine("server0.1")["generation_tokens_total:rate"] == pytest.approx(7 / 12)
 
 
 def test_failed_endpoint_keeps_its_baseline_and_the_loss_is_visible() -> None:
-    state, parsers = FleetState(), {}
+    state = FleetState()
+    parsers: dict[str, Parser] = {}
     bodies = {"server0": LOAD, "server1": LOAD}
     _poll(state, parsers, bodies, 0.0)
     r1 = _poll(state, parsers, {"server0": AFTER, "server1": AFTER}, 5.0, failed={"server1"})
@@ -353,7 +374,7 @@ def test_failed_endpoint_keeps_its_baseline_and_the_loss_is_visible() -> None:
     assert r1.keys["inference/agg/endpoints_reporting"] == 1.0
     assert r1.keys["inference/agg/engines_reporting"] == 1.0
     r2 = _poll(state, parsers, {"server0": AFTER, "server1": AFTER}, 9.0)
-    d = r2.deltas["server1.0"]
+    d = r2.deltas[EngineId("server1", "0")]
     assert d.seconds == 9.0 and not d.baseline_only
     assert delta_of(d, "vllm:generation_tokens_total") == 1998 - 25
     assert r2.keys["inference/agg/scrape_failures_total"] == 1.0
@@ -365,11 +386,12 @@ def _started_at(body: str, start: float) -> str:
 
 
 def test_new_engine_that_started_after_the_previous_poll_counts_its_first_values() -> None:
-    state, parsers = FleetState(clock_skew=1.0), {}
+    state = FleetState(clock_skew=1.0)
+    parsers: dict[str, Parser] = {}
     _poll(state, parsers, {"server0": LOAD}, 0.0)  # previous poll at WALL + 0
     late = _started_at(AFTER, WALL + 3.0)  # started 3 s after that poll
     r = _poll(state, parsers, {"server0": AFTER, "server1": late}, 10.0)
-    d = r.deltas["server1.0"]
+    d = r.deltas[EngineId("server1", "0")]
     assert not d.baseline_only and d.seconds == 10.0
     assert delta_of(d, "vllm:generation_tokens_total") == 1998.0
     assert r.restarts == []  # a new engine, not a restart
@@ -378,34 +400,39 @@ def test_new_engine_that_started_after_the_previous_poll_counts_its_first_values
 
 
 def test_new_engine_without_proof_of_a_late_start_is_only_a_baseline() -> None:
-    state, parsers = FleetState(clock_skew=1.0), {}
+    state = FleetState(clock_skew=1.0)
+    parsers: dict[str, Parser] = {}
     _poll(state, parsers, {"server0": LOAD}, 0.0)
     for name, start in (("early", WALL - 100.0), ("skew", WALL + 0.5)):
         r = _poll(state, parsers, {"server0": AFTER, name: _started_at(AFTER, start)}, 10.0)
-        assert r.deltas[f"{name}.0"].baseline_only
+        assert r.deltas[EngineId(name, "0")].baseline_only
         assert "generation_tokens_total:rate" not in r.stats.engine(f"{name}.0")
     # multiprocess mode: no start time at all -> a baseline
     r = _poll(state, parsers, {"server0": AFTER, "dp": DP_LOAD}, 20.0)
-    assert r.deltas["dp.0"].baseline_only and r.deltas["dp.1"].baseline_only
+    assert (
+        r.deltas[EngineId("dp", "0")].baseline_only and r.deltas[EngineId("dp", "1")].baseline_only
+    )
 
 
 def test_baselines_never_corrupted_by_a_failed_parse() -> None:
     from fleetscope.exposition import ExpositionError
 
-    state, parsers = FleetState(), {}
+    state = FleetState()
+    parsers: dict[str, Parser] = {}
     _poll(state, parsers, {"server0": LOAD}, 0.0)
     with pytest.raises(ExpositionError):
         # (a NaN counter, once the example here, now only invalidates its series: see
         # test_nan_counter_scrape_keeps_the_baseline_and_the_next_delta_is_exact)
         parsers["server0"].parse(AFTER[:-3])
     r = _poll(state, parsers, {"server0": AFTER}, 10.0)
-    assert delta_of(r.deltas["server0.0"], "vllm:generation_tokens_total") == 1998 - 25
+    assert delta_of(r.deltas[EngineId("server0", "0")], "vllm:generation_tokens_total") == 1998 - 25
 
 
 def test_aggregate_after_differencing_per_engine() -> None:
     """Two engines, one reset: the scope delta is the sum of per-engine deltas, not the
     difference of summed values (which would be negative here)."""
-    state, parsers = FleetState(), {}
+    state = FleetState()
+    parsers: dict[str, Parser] = {}
     _poll(state, parsers, {"server0": DP_LOAD}, 0.0)
     cur = set_values(DP_LOAD, GEN, 10.0)  # engine 0 reset: 308 -> 10
     cur = set_values(cur, r'^vllm:generation_tokens_total\{engine="1"', 277.0)

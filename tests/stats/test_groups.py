@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from fleetscope.exposition import Parser
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState
+from fleetscope.sources.base import ScrapeResult
 from support.paths import FIXTURES
 
 SINGLE = FIXTURES / "vllm-0.32.0-cpu"
 
 
-def _scrape(name: str, parser: Parser, body: str, t: float, groups=()) -> ScrapeResult:
+def _scrape(
+    name: str, parser: Parser, body: str, t: float, groups: tuple[str, ...] = ()
+) -> ScrapeResult:
     return ScrapeResult(name, parser.parse(body, time=t, wall_time=t), t, t, groups=groups)
 
 

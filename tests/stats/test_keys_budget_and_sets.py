@@ -13,7 +13,7 @@ import numpy as np
 
 from fleetscope.dashboards.wandb_workspace import inference_panels, panel_keys
 from fleetscope.exposition import Parser
-from fleetscope.fleet.state import FleetState, PollResult, ScrapeResult
+from fleetscope.fleet.state import FleetState, PollResult
 from fleetscope.keys import (
     DEFAULT_KEY_BUDGET,
     HEADLINE_METRICS,
@@ -22,6 +22,7 @@ from fleetscope.keys import (
     KeyOptions,
     scope_keys,
 )
+from fleetscope.sources.base import ScrapeResult
 from fleetscope_sim import SimFleet
 
 

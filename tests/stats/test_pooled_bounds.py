@@ -8,7 +8,8 @@ import math
 
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Parser
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState, PollResult
+from fleetscope.sources.base import ScrapeResult
 from fleetscope_sim import FleetServer, SimFleet
 from support.promql import promql_bucket_quantile
 
@@ -29,22 +30,23 @@ def _buckets(text: str, family: str) -> dict[float, float]:
 def test_mixed_fleet_pooled_bounds_and_quantiles_from_the_text() -> None:
     fleet = SimFleet.build(4, dp=2, engine_kind="mixed", seed=11, wall_start=1.79e9)
     fleet.run(6.0, dt=0.5)
-    state, parsers = FleetState(), {}
+    state = FleetState()
+    parsers: dict[str, Parser] = {}
     texts: list[dict[str, str]] = []
-    res = None
+    res: PollResult | None = None
     for step in (0.0, 15.0):
         fleet.run(step, dt=0.5)
         t = fleet.clock.sim_time
         bodies = {ep.name: ep.render().decode() for ep in fleet.endpoints}
         texts.append(bodies)
-        scrapes = []
+        scrapes: list[ScrapeResult] = []
         for ep in fleet.endpoints:
             expo = parsers.setdefault(ep.name, Parser()).parse(bodies[ep.name], time=t)
             groups = (ep.engine_kind,)  # a user scope per engine kind
             scrapes.append(ScrapeResult(ep.name, expo, t, 1.79e9 + t, groups=groups))
         res = state.observe(scrapes)
     assert res is not None
-    deltas = {}
+    deltas: dict[str, dict[float, float]] = {}
     for ep in fleet.endpoints:
         fam = TTFT[ep.engine_kind]
         a, b = _buckets(texts[0][ep.name], fam), _buckets(texts[1][ep.name], fam)
@@ -80,14 +82,14 @@ def test_no_observations_no_pooled_bounds() -> None:
 
 
 def test_pooled_bounds_in_poll_window_and_summary_keys_and_versions_in_summary() -> None:
-    async def main() -> tuple[dict, dict, dict]:
+    async def main() -> tuple[dict[str, float], dict[str, float], dict[str, float | str]]:
         fleet = SimFleet.build(2, dp=2, engine_kind="mixed", seed=3)
         fleet.step(3.0)
         with FleetServer(fleet, step_interval=0.2) as server:
             async with Collector(server.urls, interval=60.0) as c:
                 w = c.window("train")
                 await w.astart()
-                poll: dict = {}
+                poll: dict[str, float] = {}
                 for _ in range(50):  # until both kinds saw first tokens in one interval
                     t = fleet.clock.sim_time
                     for _ in range(1200):  # the fleet steps by real elapsed time

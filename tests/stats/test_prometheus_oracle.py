@@ -33,6 +33,7 @@ import pytest
 
 from fleetscope.collector.core import Collector, FleetView
 from fleetscope.fleet.view import counter_increase
+from fleetscope.identity import EngineId
 from fleetscope.sources.http.source import Endpoint
 from fleetscope_sim import FleetServer, SimFleet
 from fleetscope_sim.vllm_families import build_1_2_5_buckets
@@ -71,7 +72,9 @@ class Oracle:
     main: FleetView  # fleetscope's poll at T2 (its delta covers T1 -> T2)
     mixed: FleetView
     instances: dict[str, list[str]] = field(default_factory=dict)  # scope -> host:port
-    engine_instance: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (inst, eng)
+    engine_instance: dict[EngineId, tuple[str, str]] = field(
+        default_factory=dict
+    )  # id -> (inst, eng)
 
     def sel(self, scope: str, extra: str = "") -> str:
         """A label matcher for the endpoints of one scope (``mixed`` is the other fleet)."""
@@ -158,7 +161,8 @@ def oracle() -> Iterator[Oracle]:
             o.instances["mixed"] = [_host(u) for u in s_mixed.urls]
             for ep in main.endpoints:
                 for engine in ep.engines:
-                    o.engine_instance[engine.engine_id] = (_host(s_main.url(ep.name)), engine.label)
+                    eid = EngineId(ep.name, engine.label)  # engine.engine_id, as a value
+                    o.engine_instance[eid] = (_host(s_main.url(ep.name)), engine.label)
             yield o
 
 

@@ -8,6 +8,7 @@ and on every edge case by name. Pooling across engines uses the intersection of 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -54,7 +55,7 @@ quantile_arg = st.one_of(
 
 
 @st.composite
-def raw_buckets(draw) -> list[tuple[float, float]]:
+def raw_buckets(draw: st.DrawFn) -> list[tuple[float, float]]:
     """Arbitrary classic buckets: unsorted, duplicated bounds, zeros, non-monotonic counts,
     sometimes no +Inf bucket."""
     n = draw(st.integers(0, 12))
@@ -69,7 +70,7 @@ def raw_buckets(draw) -> list[tuple[float, float]]:
 
 
 @st.composite
-def cumulative_buckets(draw) -> list[tuple[float, float]]:
+def cumulative_buckets(draw: st.DrawFn) -> list[tuple[float, float]]:
     """Well-formed cumulative buckets, optionally with float noise of ~1e-13 relative."""
     bounds = [*sorted(set(draw(st.lists(finite_bounds, min_size=1, max_size=10)))), INF]
     per_bucket = draw(st.lists(st.integers(0, 1000), min_size=len(bounds), max_size=len(bounds)))
@@ -97,19 +98,23 @@ def cumulative_buckets(draw) -> list[tuple[float, float]]:
 @example([(1.0, 0.0), (2.0, 4.0), (INF, 4.0)], 0.0)
 @example([(-1.0, 3.0), (INF, 4.0)], 0.5)
 @example([(INF, 4.0)], 0.5)
-def test_random_buckets_match_promql_reference(buckets, q) -> None:
+def test_random_buckets_match_promql_reference(
+    buckets: list[tuple[float, float]], q: float
+) -> None:
     assert same(ours(q, buckets), promql_bucket_quantile(q, buckets))
 
 
 @settings(max_examples=100, deadline=None)
 @given(cumulative_buckets(), quantile_arg)
-def test_cumulative_buckets_with_float_noise_match_promql_reference(buckets, q) -> None:
+def test_cumulative_buckets_with_float_noise_match_promql_reference(
+    buckets: list[tuple[float, float]], q: float
+) -> None:
     assert same(ours(q, buckets), promql_bucket_quantile(q, buckets))
 
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.integers(0, 50), min_size=len(TTFT), max_size=len(TTFT)))
-def test_vllm_ttft_layout_matches_promql_reference(per_bucket) -> None:
+def test_vllm_ttft_layout_matches_promql_reference(per_bucket: list[int]) -> None:
     cum = np.cumsum(per_bucket).astype(float)
     buckets = list(zip(TTFT, cum, strict=True))
     for q in (0.5, 0.9, 0.99):
@@ -214,7 +219,7 @@ def test_mixed_bucket_layouts_pool_on_the_intersection_not_the_union() -> None:
     505 tokens (above its last finite bound, 500); the 1024 one sees 100 prompts of 400.
     Every prompt is <= 512 tokens."""
 
-    def cumulative(bounds, observations):
+    def cumulative(bounds: Sequence[float], observations: Sequence[float]) -> list[float]:
         return [float(sum(1 for x in observations if x <= le)) for le in bounds]
 
     obs_a, obs_b = [505.0] * 100, [400.0] * 100
@@ -257,11 +262,13 @@ def test_mixed_bucket_layouts_pool_on_the_intersection_not_the_union() -> None:
         max_size=6,
     )
 )
-def test_pooled_counts_are_exact_at_every_shared_bound(engines) -> None:
+def test_pooled_counts_are_exact_at_every_shared_bound(
+    engines: list[tuple[tuple[float, ...], list[float]]],
+) -> None:
     """Random engines with random layouts: the pooled cumulative count at each shared bound is
     the true number of observations (of all engines) at or below it."""
-    hists = []
-    everything = []
+    hists: list[tuple[tuple[float, ...], list[float]]] = []
+    everything: list[float] = []
     for bounds, obs in engines:
         hists.append((bounds, [float(sum(1 for x in obs if x <= le)) for le in bounds]))
         everything.extend(obs)

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
 
 from fleetscope.exposition import Parser
 from fleetscope.exposition.snapshot import EngineSnapshot
-from fleetscope.fleet.state import FleetState, ScrapeResult
+from fleetscope.fleet.state import FleetState, PollResult
+from fleetscope.identity import Role
 from fleetscope.keys import DEFAULT_KEY_BUDGET, KeyOptions, poll_keys, tail_engines
+from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.deltas import engine_delta
 from fleetscope.stats.reduce import EngineInput, reduce_poll
 from support.bodies import bucket_values, sample_value, set_values
@@ -31,18 +34,24 @@ DP_LOAD = fixture_text("dp2_load.prom")
 TTFT = "vllm:time_to_first_token_seconds"
 
 
-def observe(polls, *, roles=None, key_options=None):
+def observe(
+    polls: Sequence[tuple[float, dict[str, str]]],
+    *,
+    roles: Mapping[str, Role] | None = None,
+    key_options: KeyOptions | None = None,
+) -> PollResult:
     """Run FleetState over [(t, {endpoint: body})]; return the last PollResult."""
     state = FleetState(key_options=key_options)
     parsers: dict[str, Parser] = {}
-    res = None
+    res: PollResult | None = None
     for t, bodies in polls:
-        scrapes = []
+        scrapes: list[ScrapeResult] = []
         for name, body in bodies.items():
             p = parsers.setdefault(name, Parser())
             expo = p.parse(body, time=t, wall_time=WALL + t)
             scrapes.append(ScrapeResult(name, expo, t, WALL + t, role=(roles or {}).get(name)))
         res = state.observe(scrapes)
+    assert res is not None
     return res
 
 
@@ -56,7 +65,7 @@ def text_delta(prev: str, cur: str, family: str, engine: str = "0") -> float:
     )
 
 
-def bucket_deltas(prev: str, cur: str, family: str, engine: str = "0"):
+def bucket_deltas(prev: str, cur: str, family: str, engine: str = "0") -> list[tuple[float, float]]:
     a = bucket_values(prev, family, f'engine="{engine}"')
     b = bucket_values(cur, family, f'engine="{engine}"')
     assert [x for x, _ in a] == [x for x, _ in b]
@@ -167,7 +176,7 @@ def test_no_observations_means_no_quantile_key() -> None:
 
 
 def test_nan_gauge_is_missing_in_keys_never_zero() -> None:
-    cur = set_values(AFTER, r"^vllm:kv_cache_usage_perc\{", "NaN")
+    cur = set_values(AFTER, r"^vllm:kv_cache_usage_perc\{", "NaN")  # type: ignore[arg-type]  # set_values writes a str value verbatim; its signature omits str
     res = observe([(0.0, {"server0": LOAD}), (10.0, {"server0": cur})])
     assert not [k for k in res.keys if "kv_cache_usage_perc" in k]
     assert "kv_cache_usage_perc" not in res.stats.engine("server0.0")
@@ -200,10 +209,12 @@ def test_derived_ratios_from_the_real_interval() -> None:
 # --------------------------------------------------------------------------- roles
 
 
-def _role_fleet():
+def _role_fleet() -> tuple[list[tuple[float, dict[str, str]]], dict[str, Role]]:
     """2 prefill + 3 decode endpoints over one interval. Prefill engines generate ~1 token
     per request by design; decode1 is the sick decode engine."""
-    polls_prev, polls_cur, roles = {}, {}, {}
+    polls_prev: dict[str, str] = {}
+    polls_cur: dict[str, str] = {}
+    roles: dict[str, Role] = {}
     gen = r'^vllm:generation_tokens_total\{engine="0"'
     for i in range(2):
         n = f"prefill{i}"
@@ -262,7 +273,9 @@ def test_skyrl_key_schema() -> None:
     assert not [key for key in k if key.startswith("inference/")]
 
 
-def _big_fleet(n_endpoints: int = 512, *, roles: bool = True, seed: int = 0):
+def _big_fleet(
+    n_endpoints: int = 512, *, roles: bool = True, seed: int = 0
+) -> tuple[list[EngineInput], dict[str, str]]:
     """1,024 engines (512 dp2 endpoints) from the real dp2 layout with perturbed values."""
     rng = np.random.default_rng(seed)
     p = Parser()
@@ -272,9 +285,10 @@ def _big_fleet(n_endpoints: int = 512, *, roles: bool = True, seed: int = 0):
     cum = np.concatenate([lay.cumulative, [h.sum for h in lay.histograms]]).astype(np.intp)
     gen = lay.index["vllm:generation_tokens_total"]
     running = lay.index["vllm:num_requests_running"]
-    inputs, want = [], {}
+    inputs: list[tuple[str, Role | None, EngineSnapshot, EngineSnapshot]] = []
+    want: dict[str, str] = {}
     for i in range(n_endpoints):
-        role = ("prefill" if i % 2 == 0 else "decode") if roles else None
+        role: Role | None = ("prefill" if i % 2 == 0 else "decode") if roles else None
         for e in ("0", "1"):
             eid = f"{role or 'server'}{i}.{e}"
             prev = EngineSnapshot(eid, lay, data.copy(), 0.0, WALL, None)
@@ -288,7 +302,7 @@ def _big_fleet(n_endpoints: int = 512, *, roles: bool = True, seed: int = 0):
             )
     # the sick decode engine and the busiest engine
     sick, busy = "decode7.1", "prefill10.0"
-    out = []
+    out: list[EngineInput] = []
     for eid, role, prev, cur in inputs:
         if eid == sick:
             cur.data[gen] = prev.data[gen] + 2.0  # >= the prefill engines' 1 token
