@@ -47,6 +47,13 @@ SLOW_TESTS = (
     "tests/cli/test_cli_watch.py::test_stop_on_signals_asyncio_mode_stops_a_real_collector",
     "tests/cli/test_cli_watch.py::test_watch_stops_cleanly_on_signal",
     "tests/cli/test_demo_wandb.py",
+    "tests/cli/test_endpoints_file.py::test_a_file_replaced_by_a_rename_is_applied_at_the_next_read",
+    "tests/cli/test_endpoints_file.py::"
+    "test_a_server_that_leaves_the_file_and_returns_keeps_its_name",
+    "tests/cli/test_endpoints_file.py::test_watch_empties_its_fleet_only_once_the_file_stays_empty",
+    "tests/cli/test_endpoints_file.py::"
+    "test_watch_keeps_its_fleet_while_the_file_is_empty_for_a_moment",
+    "tests/cli/test_endpoints_file.py::test_watch_never_applies_a_line_cut_mid_port",
     "tests/cli/test_policy_version_file.py",
     "tests/cli/test_readme_commands.py",
     "tests/collector/test_architecture.py::test_sharded_shards_receive_every_option",

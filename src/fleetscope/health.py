@@ -111,6 +111,12 @@ class HealthMonitor:
     _stall: dict[str, tuple[int, float]] = field(default_factory=dict)  # without a token
     _kv: dict[str, tuple[int, float]] = field(default_factory=dict)  # at/above kv_full
 
+    def forget_endpoint(self, endpoint: str) -> None:
+        """An endpoint left the fleet: its engines' streaks end (back later, they start over)."""
+        for streaks in (self._waiting, self._queue, self._outlier, self._stall, self._kv):
+            for eid in [e for e in streaks if e.split(".", 1)[0] == endpoint]:
+                del streaks[eid]
+
     def evaluate(self, result: PollReadings, roles: Mapping[str, str | None]) -> list[HealthEvent]:
         stats = result.stats
         events: list[HealthEvent] = []

@@ -1,8 +1,8 @@
 """The ``fleetscope`` command line.
 
-One module per command group: ``_inspect`` (inspect), ``_watch`` (watch and the endpoints file
-it follows), ``_demo`` (simulate, demo), ``_dashboards`` (dashboard grafana|wandb, annotate);
-``_common`` holds the options they share. Every name is re-exported here.
+One module per command group: ``_inspect`` (inspect), ``_watch`` (watch; ``_endpoints_file``:
+the endpoints file it follows), ``_demo`` (simulate, demo), ``_dashboards`` (dashboard
+grafana|wandb, annotate); ``_common`` holds the options they share. Every name is re-exported here.
 """
 
 from __future__ import annotations
@@ -23,6 +23,19 @@ from fleetscope.cli._dashboards import (
     dashboard_kinds,
 )
 from fleetscope.cli._demo import add_demo_parsers, cmd_demo, cmd_simulate
+from fleetscope.cli._endpoints_file import (
+    ENDPOINTS_FILE_EVIDENCE_READS,
+    ENDPOINTS_FILE_EVIDENCE_S,
+    ENDPOINTS_FILE_READ_S,
+    ENDPOINTS_FILE_SETTLE_S,
+    EndpointsFileRule,
+    FileRead,
+    follow_endpoints_file,
+    parse_endpoints_text,
+    read_endpoints_file,
+    read_file,
+    read_stable_text,
+)
 from fleetscope.cli._inspect import (
     SourceError,
     add_inspect_parser,
@@ -31,19 +44,19 @@ from fleetscope.cli._inspect import (
     read_source,
 )
 from fleetscope.cli._watch import (
-    ENDPOINTS_FILE_SETTLE_S,
     add_watch_parser,
     cmd_watch,
     endpoints_from_args,
-    follow_endpoints_file,
-    parse_endpoints_text,
-    read_endpoints_file,
-    read_stable_text,
     watch_once,
 )
 
 __all__ = [
+    "ENDPOINTS_FILE_EVIDENCE_READS",
+    "ENDPOINTS_FILE_EVIDENCE_S",
+    "ENDPOINTS_FILE_READ_S",
     "ENDPOINTS_FILE_SETTLE_S",
+    "EndpointsFileRule",
+    "FileRead",
     "SourceError",
     "add_grafana_parsers",
     "add_sink_args",
@@ -65,6 +78,7 @@ __all__ = [
     "parse_endpoints_text",
     "print_table",
     "read_endpoints_file",
+    "read_file",
     "read_source",
     "read_stable_text",
     "role_and_url",

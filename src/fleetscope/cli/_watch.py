@@ -1,4 +1,5 @@
-"""``fleetscope watch``: poll a fleet and log its statistics; the endpoints file it follows."""
+"""``fleetscope watch``: poll a fleet and log its statistics (the endpoints file it follows:
+``_endpoints_file``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetscope.cli._common import (
@@ -18,17 +19,17 @@ from fleetscope.cli._common import (
     positive_float,
     role_and_url,
     role_spec,
-    url_problem,
+)
+from fleetscope.cli._endpoints_file import (
+    follow_endpoints_file,
+    parse_endpoints_text,
+    read_stable_text,
 )
 
 if TYPE_CHECKING:
     from fleetscope.cli._common import Subcommands
-    from fleetscope.collector.core import Collector
     from fleetscope.health import HealthThresholds
     from fleetscope.sources.http.source import Endpoint
-
-#: how the endpoints-file helpers wait (``asyncio.sleep`` unless a test passes its own)
-Pause = Callable[[float], Awaitable[object]]
 
 
 def endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
@@ -50,112 +51,6 @@ def endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
     if not eps and not getattr(args, "endpoints_file", None):
         raise SystemExit("fleetscope: give at least one endpoint URL (or --endpoints-file)")
     return eps
-
-
-ENDPOINTS_FILE_SETTLE_S = 0.2
-
-
-def read_endpoints_file(path: str) -> list[Endpoint]:
-    """An endpoints file: one endpoint per line, ``URL`` or ``prefill=URL`` / ``decode=URL``;
-    blank lines and ``#`` comments are ignored."""
-    with open(path, encoding="utf-8") as f:
-        return parse_endpoints_text(f.read())
-
-
-def parse_endpoints_text(text: str) -> list[Endpoint]:
-    """The endpoints listed in an endpoints file's text (see :func:`read_endpoints_file`);
-    ``ValueError`` naming the line for anything that is not a URL."""
-    from fleetscope.sources.http.source import Endpoint
-
-    eps: list[Endpoint] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        try:
-            role, url = role_and_url(line)
-        except ValueError as e:
-            raise ValueError(f"line {lineno}: {e}") from None
-        problem = url_problem(url)
-        if problem is not None:
-            raise ValueError(f"line {lineno}: {problem}")
-        eps.append(Endpoint(url=url, role=role))
-    return eps
-
-
-async def read_stable_text(
-    path: str, settle: float = ENDPOINTS_FILE_SETTLE_S, pause: Pause | None = None
-) -> str:
-    """The file's text once two reads ``settle`` seconds apart agree (an editor or a script
-    rewriting it leaves it empty or cut short for a moment); ``OSError`` if unreadable,
-    ``ValueError`` if it keeps changing (five tries)."""
-    import asyncio
-
-    pause = pause or asyncio.sleep
-    for _ in range(5):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            first = f.read()
-        await pause(settle)
-        with open(path, encoding="utf-8", errors="replace") as f:
-            second = f.read()
-        if first == second:
-            return second
-    raise ValueError("still being written (it changed between reads); will read it again")
-
-
-async def follow_endpoints_file(
-    collector: Collector,
-    path: str,
-    fixed: Sequence[Endpoint],
-    interval: float,
-    *,
-    settle: float = ENDPOINTS_FILE_SETTLE_S,
-    pause: Pause | None = None,
-    applied: str | None = None,
-) -> None:
-    """Re-read ``path`` when it changes and make the watched fleet ``fixed`` + its endpoints.
-
-    A change is applied only when the file parses AND reads the same twice ``settle`` seconds
-    apart (``read_stable_text``): a file that is empty or cut mid-line for a moment, while it
-    is rewritten, is not applied. An empty file (no servers) is applied like any other once it
-    stays empty across the two reads. Endpoints whose URL stays keep their names
-    (``Collector.set_endpoints`` matches by URL). A file that cannot be read or parsed keeps the
-    fleet as it is, with one warning per distinct problem. ``applied``: the text the fleet was
-    built from already (at start), so it is not applied again."""
-    import asyncio
-    import logging
-    import os
-
-    from fleetscope.util.redact import redact
-
-    log = logging.getLogger("fleetscope")
-    seen: tuple[int, int, int] | None = None
-    last_error: str | None = None
-    while True:
-        try:
-            st = os.stat(path)
-            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-            if stamp != seen:
-                text = await read_stable_text(path, settle, pause)
-                endpoints = parse_endpoints_text(text)
-                seen, last_error = stamp, None
-                if text != applied:
-                    applied = text
-                    added, removed = collector.set_endpoints([*fixed, *endpoints])
-                    if added or removed:
-                        changes = [f"+{e.name}={e.url}" for e in added]
-                        changes += [f"-{n}" for n in removed]
-                        log.warning(
-                            "fleetscope: %s: fleet changed: %s", path, redact(", ".join(changes))
-                        )
-        except (OSError, ValueError) as e:
-            seen = None  # read it again next time
-            if str(e) != last_error:  # once per distinct problem, not every interval
-                last_error = str(e)
-                log.warning(
-                    "fleetscope: endpoints file %s: %s; fleet unchanged", path, redact(str(e))
-                )
-        await (pause or asyncio.sleep)(interval)
 
 
 def _health_thresholds(args: argparse.Namespace) -> HealthThresholds:
@@ -314,11 +209,12 @@ def add_watch_parser(sub: Subcommands) -> None:
         "--endpoints-file",
         default=None,
         metavar="FILE",
-        help="more endpoints, one per line (URL, prefill=URL, decode=URL); re-read when it "
-        "changes, so servers can be added and removed while watching. A change is applied only "
-        "once the file parses and reads the same twice 0.2 s apart (an empty file too: no "
-        "servers); servers whose URL stays keep their names. Write it atomically (a temporary "
-        "file, then rename) to be safe from any reader",
+        help="more endpoints, one per line (URL, prefill=URL, decode=URL); read every second, "
+        "so servers can be added and removed while watching. A change is applied once the file "
+        "parses and reads the same twice in a row (a renamed file: at once); a file that lists "
+        "no server, or whose last line has no newline, only once it stays so for 5 s (or two "
+        "intervals). A server keeps its name while it is listed and gets it back if it returns. "
+        "Write it atomically (a temporary file, then rename) to be safe from any reader",
     )
     w.add_argument(
         "--policy-version-file",

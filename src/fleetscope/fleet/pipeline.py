@@ -157,6 +157,7 @@ class PollPipeline:
                 if d.time is not None:
                     self.windows.endpoint_leaves(d.endpoint, d.time)
                 self.state.forget_endpoint(d.endpoint)
+                self.health.forget_endpoint(d.endpoint)
                 self.versions.forget_endpoint(d.endpoint)
                 self.states.forget_endpoint(d.endpoint)
                 log.info("fleetscope: %s removed from the fleet", d.endpoint)

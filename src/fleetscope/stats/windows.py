@@ -130,9 +130,11 @@ class WindowSet:
 
     def endpoint_joins(self, endpoint: str, time: float) -> None:
         """An endpoint joined the fleet (first scraped at ``time``): open windows expect its
-        engines from then on."""
+        engines from then on, and run labels again if it is one that left and came back."""
         for w in self.active.values():
             w.acc.endpoint_joins(endpoint, time)
+        for acc in self.run.values():
+            acc.departed -= {e for e in acc.departed if endpoint_of(e) == endpoint}
 
     def endpoint_leaves(self, endpoint: str, time: float) -> None:
         """An endpoint left the fleet (last scraped at ``time``): open windows stop expecting

@@ -45,12 +45,14 @@ def name_endpoints(
 class EndpointSet:
     """The endpoints a source scrapes. ``add`` / ``remove`` / ``set`` may be called from any
     thread; they take effect when the source calls :meth:`apply` at the start of a poll, so a
-    poll never sees the list change under it. Names are never reused."""
+    poll never sees the list change under it. A name never belongs to two URLs: an unnamed
+    endpoint gets a name never used before, and a name used before may only be given again to
+    its own URL (an endpoint that comes back under its old name, its series unbroken)."""
 
     def __init__(self, endpoints: Sequence[str | Endpoint] = ()) -> None:
         self._lock = threading.RLock()
         self._endpoints: list[Endpoint] = name_endpoints(endpoints)
-        self._names_used: set[str] = {e.name for e in self._endpoints}
+        self._url_of: dict[str, str] = {e.name: e.url for e in self._endpoints}  # ever given
         self._pending_add: list[Endpoint] = []
         self._pending_remove: list[str] = []
 
@@ -66,8 +68,9 @@ class EndpointSet:
         }
 
     def add(self, *endpoints: str | Endpoint) -> list[Endpoint]:
-        """Watch more endpoints from the next poll on. Unnamed ones get the next free name
-        (names are never reused); returns them, named."""
+        """Watch more endpoints from the next poll on. Unnamed ones get the next name never
+        used; a name used before may only be given to the URL it was given to. Returns them,
+        named."""
         with self._lock:
             watched = self._watched_urls()
             for e in endpoints:
@@ -75,8 +78,13 @@ class EndpointSet:
                 if url in watched:
                     raise ValueError(redact(f"{url} is already watched"))
                 watched.add(url)
-            named = name_endpoints(endpoints, taken=self._names_used)
-            self._names_used.update(e.name for e in named)
+            back = {
+                e.name
+                for e in endpoints
+                if isinstance(e, Endpoint) and e.name and self._url_of.get(e.name) == e.url
+            }
+            named = name_endpoints(endpoints, taken=self._url_of.keys() - back)
+            self._url_of.update((e.name, e.url) for e in named)
             self._pending_add.extend(named)
         return named
 
