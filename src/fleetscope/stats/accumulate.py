@@ -261,7 +261,7 @@ class Accumulator:
             data = a.current.data.copy()
             gslots = a.layout.gauge_slots
             if a.gauge_area is not None and a.gauge_seconds is not None and len(gslots):
-                with np.errstate(invalid="ignore", divide="ignore"):
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                     tw = a.gauge_area[gslots] / a.gauge_seconds[gslots]
                 data[gslots] = np.where(a.gauge_seconds[gslots] > 0, tw, data[gslots])
             snap = EngineSnapshot(eid, a.layout, data, a.current.time, a.current.wall_time)
@@ -305,6 +305,8 @@ class Accumulator:
         return acc
 
 
+# a sum past float64 is inf: reduce names it (stats/limits.py), numpy prints nothing
+@np.errstate(over="ignore", invalid="ignore")
 def _add_sum(acc: EngineSum, o: EngineSum) -> None:
     """Add ``o``'s sums to ``acc`` (layouts realigned: series come and go)."""
     acc.realign(o.layout)
@@ -329,6 +331,8 @@ def _add_sum(acc: EngineSum, o: EngineSum) -> None:
             acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
 
 
+# a sum past float64 is inf: reduce names it (stats/limits.py), numpy prints nothing
+@np.errstate(over="ignore", invalid="ignore")
 def _add_rows(layout: EngineLayout, rows: list[tuple[EngineDelta, EngineSum]]) -> None:
     """Add one poll's deltas of engines of one layout to their sums: unknown increases stay
     unknown (NaN) in cumulative slots, other slots add nothing; gauges add value x seconds,

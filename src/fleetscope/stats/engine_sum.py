@@ -72,6 +72,7 @@ class EngineSum:
             return  # nothing summed: nothing to keep
         self.retired[sid] = combine_retired(self.retired.get(sid), vals)
 
+    @np.errstate(over="ignore", invalid="ignore")  # past float64: inf, named by reduce
     def _restore(self, sid: str, j: int) -> None:
         d, area, secs, peak = self.retired.pop(sid)
         self.delta[j] += d
