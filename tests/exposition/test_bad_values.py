@@ -312,3 +312,102 @@ def test_a_type_change_never_takes_the_fast_path_also_with_timestamps() -> None:
     expo = p.parse(body.replace("vllm:x counter", "vllm:x_total gauge"))
     assert p.full_parses == 2
     assert any(g.name == "vllm:x_total" for g in expo["0"].layout.gauges)
+
+
+# ------------------------------------------------------------------ values at the limits (§13)
+
+TTFT_LINE = 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",'
+TTFT_025 = r'^vllm:time_to_first_token_seconds_bucket\{engine="0",le="0\.25"'
+
+
+@pytest.mark.parametrize(
+    "le, reason", [("NaN", "bad le"), ("nan", "bad le"), ("0.1s", "bad le"), ("", "bad le")]
+)
+def test_bad_le_or_decreasing_buckets_invalidate_the_histogram_only(le: str, reason: str) -> None:
+    """A bucket bound that is not a number: that histogram is invalid (the scrape failed when
+    the le did not parse; NaN was taken as a bound), on the full parse and the fast path."""
+    assert TTFT_LINE in AFTER
+    bad = AFTER.replace(TTFT_LINE, TTFT_LINE.replace('le="0.1"', f'le="{le}"'))
+    p = Parser(share_templates=False)
+    for expo in (p.parse(bad), p.parse(bad)):
+        assert expo.invalid == (InvalidSeries("0", TTFT, reason),)
+        assert not any(sid.startswith(TTFT) for sid in expo["0"])
+        assert expo["0"].value(GEN_ID) == 1998
+    assert (p.full_parses, p.fast_hits) == (1, 1)
+
+
+def test_decreasing_buckets_are_invalid_the_same_on_every_parse_path() -> None:
+    bad = set_values(AFTER, TTFT_025, 40.0)  # le=0.1 holds 43
+    results = _paths(AFTER, bad)
+    for expo in results:
+        assert expo.invalid == (InvalidSeries("0", TTFT, "buckets decrease"),)
+        assert not any(sid.startswith(TTFT) for sid in expo["0"])
+        assert expo["0"].value("vllm:prompt_tokens_total") == 15472
+    a, b, c = results
+    assert a["0"].layout is b["0"].layout is c["0"].layout
+
+
+@pytest.mark.parametrize("relative", [5e-13, 1e-15])
+def test_float_noise_in_cumulative_buckets_is_accepted(relative: float) -> None:
+    """PromQL's tolerance (relative 1e-12, as ``histogram_quantile``): float noise, not a
+    decrease. The same constant as the quantiles' correction."""
+    from fleetscope.exposition._values import BUCKET_TOLERANCE
+    from fleetscope.stats.quantiles import PRECISION_TOLERANCE
+
+    assert BUCKET_TOLERANCE == PRECISION_TOLERANCE
+    noisy = set_values(AFTER, TTFT_025, 43.0 * (1 - relative))
+    for expo in _paths(AFTER, noisy):
+        assert expo.invalid == ()
+        assert expo["0"].value(TTFT + "_bucket", le="0.25") == 43.0 * (1 - relative)
+    # just past the tolerance it is a decrease
+    past = set_values(AFTER, TTFT_025, 43.0 * (1 - 3e-12))
+    assert [i.reason for i in Parser().parse(past).invalid] == ["buckets decrease"]
+
+
+def _children(value: float) -> str:
+    return (
+        "# TYPE vllm:x counter\n"
+        f'vllm:x_total{{engine="0",model_name="a"}} {value!r}\n'
+        f'vllm:x_total{{engine="0",model_name="b"}} {value!r}\n'
+        "# TYPE vllm:y counter\n"
+        'vllm:y_total{engine="0"} 5.0\n'
+    )
+
+
+def test_children_summed_past_float64_are_an_invalid_series_on_every_parse_path() -> None:
+    """Two children kept as one series (``model_name`` is summed away): each 1e308 is valid,
+    their sum is not a number (it was +Inf in the snapshot, a baseline no delta could use)."""
+    for expo in _paths(_children(1.0), _children(1e308)):
+        assert expo.invalid == (InvalidSeries("0", "vllm:x_total", "sum overflows"),)
+        assert expo["0"].value("vllm:x_total") is None
+        assert expo["0"].value("vllm:y_total") == 5.0
+    assert Parser().parse(_children(8e307))["0"].value("vllm:x_total") == 1.6e308
+
+
+def test_a_sum_past_float64_is_named_never_inf_nor_a_numpy_warning() -> None:
+    """Stats: two engines' finite increases whose sum is not finite. The sum is left out and
+    named in ``stats.limits``; no key is inf; numpy warns nothing (warnings are errors here)."""
+
+    def body(v: float) -> str:
+        return "# TYPE vllm:x counter\n" + "".join(
+            f'vllm:x_total{{engine="{e}"}} {v!r}\n' for e in "01"
+        )
+
+    state, p = FleetState(), Parser()
+    _poll(state, p, body(0.0), 0.0)
+    r, _ = _poll(state, p, body(1.5e308), 10.0)
+    assert "inference/agg/x_total/delta" not in r.keys
+    assert {"agg/x_total/delta", "agg/x_total/sum"} <= set(r.stats.limits.not_finite)
+    assert r.stats.scopes["agg"].metrics["x_total"]["max"] == 1.5e308
+    assert r.keys["inference/server0.0/x_total:rate"] == 1.5e307
+    assert all(math.isfinite(v) for v in r.keys.values())
+    r, _ = _poll(state, p, body(1.5e308), 20.0)
+    assert r.keys["inference/agg/x_total/delta"] == 0.0
+    # (numpy's mean and median of two sum them first: past float64 too)
+    assert set(r.stats.limits.not_finite) == {f"agg/x_total/{s}" for s in ("sum", "mean", "median")}
+    assert r.stats.limits.inexact == []
+    # past 2**53 a counter sum is still a number, but named: float64 rounds it
+    state, p = FleetState(), Parser()
+    r, _ = _poll(state, p, body(5e15), 0.0)
+    assert r.stats.limits.inexact == ["agg/x_total/sum"]
+    assert r.keys["inference/agg/x_total/sum"] == 1e16

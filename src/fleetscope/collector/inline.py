@@ -97,7 +97,10 @@ class InlineBackend:
             if action == "stop":
                 with pipeline.lock:
                     options = pipeline.state.key_options
-                    keys.update(accumulator_keys(w.acc, label, options, summary=False))
+                    limits = pipeline.state.limits
+                    keys.update(
+                        accumulator_keys(w.acc, label, options, summary=False, limits=limits)
+                    )
                     keys.update(self.rl.window_keys(label, self._prefix))
             return keys
 

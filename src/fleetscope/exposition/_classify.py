@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
@@ -75,13 +76,14 @@ def _suffixed_family(name: str, typ: str | None, types: dict[str, str]) -> tuple
 
 
 def _bucket_bound(le_str: str | None, s: Sample) -> float:
-    """A histogram bucket's upper bound (its ``le`` label)."""
+    """A histogram bucket's upper bound (its ``le`` label); NaN when it is not a number: that
+    histogram is then invalid, the rest of the body is not (docs/rules.md §3.9)."""
     if le_str is None:
         raise ExpositionError("histogram bucket without le", s.line, s.name)
     try:
         return parse_float(le_str)
     except ValueError:
-        raise ExpositionError(f"bad le {le_str!r}", s.line, s.name) from None
+        return math.nan
 
 
 def classify(

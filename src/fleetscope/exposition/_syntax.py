@@ -33,7 +33,10 @@ class InvalidSeries:
 
     ``engine``: the engine label ("" = the endpoint's engine-less samples); ``series``: a counter
     child's id (``vllm:x_total{...}``) or a histogram child's (``vllm:ttft_seconds{...}``);
-    ``reason``: ``NaN``, ``+Inf``, ``-Inf``, ``negative``, ``no +Inf bucket`` or ``no _count``.
+    ``reason``: ``NaN``, ``+Inf``, ``-Inf``, ``negative``, ``no +Inf bucket``, ``no _count``,
+    ``bad le`` (a bucket bound that is not a number), ``buckets decrease`` (a cumulative bucket
+    count below a lower bucket's, beyond float noise) or ``sum overflows`` (samples summed
+    into one series, each finite, whose sum is not).
     """
 
     engine: str

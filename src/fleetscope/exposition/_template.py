@@ -6,8 +6,8 @@ ends in :func:`finish`, so bad values are judged the same way everywhere (docs/b
 
 from __future__ import annotations
 
-import math
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +29,15 @@ from fleetscope.exposition._syntax import (
     InvalidSeries,
     Sample,
     parse_sample,
+)
+from fleetscope.exposition._values import (
+    FINITE,
+    NONNEG,
+    OVERFLOW,
+    bad_ordinals,
+    bucket_chain,
+    incomplete,
+    overflowed,
 )
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot, without_groups
 from fleetscope.exposition.textformat import Labels
@@ -63,7 +72,10 @@ class Template:
     endpoint: EngineBlock | None
     process_start_slot: int
     check_ords: np.ndarray  # ordinals of cumulative samples: must be finite
-    check_nonneg: np.ndarray  # ... and >= 0 (False for `_sum` and `_created`)
+    check_lower: np.ndarray  # ... and >= this: 0, or any finite value (`_sum` and `_created`)
+    bucket_seq: np.ndarray  # every histogram child's bucket ordinals, by `le` (_values)
+    bucket_step: np.ndarray  # ... where the next one must not be lower
+    summed_slots: np.ndarray  # cumulative slots summing several samples: must stay finite
     min_ordinals: np.ndarray  # `_created` ordinals sharing a slot: the slot takes their min
     types: dict[str, str]
     any_incomplete: bool
@@ -120,30 +132,17 @@ def fill(tpl: Template, lines: list[str]) -> np.ndarray | None:
     return arr
 
 
-def _reason(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return "negative"
-
-
 def finish(tpl: Template, arr: np.ndarray, now: float, wall: float) -> Exposition:
     """Values in template order -> snapshots; bad series left out and reported."""
-    bad_ords: list[int] = []
-    if len(tpl.check_ords):
-        v = arr[tpl.check_ords]
-        with np.errstate(invalid="ignore"):
-            bad = ~np.isfinite(v) | ((v < 0) & tpl.check_nonneg)
-        if bad.any():
-            bad_ords = tpl.check_ords[bad].tolist()
+    bad = bad_ordinals(arr, tpl.check_ords, tpl.check_lower, tpl.bucket_seq, tpl.bucket_step)
     slots = np.bincount(tpl.slot_of_ordinal, weights=arr, minlength=tpl.n_slots + 1)
     if len(tpl.min_ordinals):
         targets = tpl.slot_of_ordinal[tpl.min_ordinals]
         slots[targets] = np.inf
         np.minimum.at(slots, targets, arr[tpl.min_ordinals])
+    over = overflowed(slots, tpl.summed_slots) if len(tpl.summed_slots) else []
     pstart = float(slots[tpl.process_start_slot]) if tpl.process_start_slot >= 0 else None
-    if not bad_ords and not tpl.any_incomplete:
+    if not bad and not over and not tpl.any_incomplete:
         engines = {
             b.engine: EngineSnapshot(b.engine, b.layout, slots[b.start : b.stop], now, wall, pstart)
             for b in tpl.blocks
@@ -155,8 +154,10 @@ def finish(tpl: Template, arr: np.ndarray, now: float, wall: float) -> Expositio
         return Exposition(engines, endpoint, tpl.types, (), tpl.engine_roles)
     # the rare path: some series are invalid for this scrape (docs/rules.md §3.9)
     bad_slot_reason: dict[int, str] = {}
-    for o in bad_ords:
-        bad_slot_reason.setdefault(int(tpl.slot_of_ordinal[o]), _reason(float(arr[o])))
+    for o, why in bad.items():
+        bad_slot_reason.setdefault(int(tpl.slot_of_ordinal[o]), why)
+    for slot in over:
+        bad_slot_reason.setdefault(slot, OVERFLOW)
     invalid: list[InvalidSeries] = []
 
     def snap(b: EngineBlock, name: str) -> EngineSnapshot:
@@ -285,6 +286,7 @@ def build_template(
     n_skip = 0
     samples: list[tuple[int, str, SeriesDraft, float, int]] = []  # (ord, engine, draft, v, ln)
     seen_series: set[tuple[str, Labels]] = set()
+    children: dict[tuple[str, Labels], list[tuple[float, int]]] = {}  # histogram children
     eof_seen = False
     for i, line in enumerate(lines, 1):
         if eof_seen:
@@ -322,27 +324,16 @@ def build_template(
             # exemplars, odd spacing: this body cannot use the fast path
             ordinal[s.head or f"\x00{o}"] = MISS
         samples.append((o, engine_key, draft, s.value, i))
+        if draft.le is not None:  # a bucket: its child is the series without `le`
+            child = (s.name, tuple(kv for kv in key[1] if kv[0] != "le"))
+            children.setdefault(child, []).append((draft.le, o))
     values = np.array([v for _o, _e, _d, v, _ln in samples], dtype=np.float64)
-    tpl = _assemble(lines, samples, ordinal, n_skip, types, types_by_head)
+    tpl = _assemble(lines, samples, ordinal, n_skip, types, types_by_head, children.values())
     if sg is not None:
         tpl.engine_roles = {
             e: r for e, r in sg.roles.items() if any(b.engine == e for b in tpl.blocks)
         }
     return tpl, values
-
-
-def _incomplete(layout: EngineLayout) -> tuple[tuple[int, str], ...]:
-    """Histogram children cut short (no `+Inf` bucket, no `_count`): docs/rules.md §3.9."""
-    out = []
-    n = len(layout.counters)
-    for j, h in enumerate(layout.histograms):
-        if not h.buckets:
-            continue  # a summary: `_sum` / `_count` only
-        if h.bounds[-1] != math.inf:
-            out.append((n + j, "no +Inf bucket"))
-        elif h.count < 0:
-            out.append((n + j, "no _count"))
-    return tuple(out)
 
 
 def _assemble(
@@ -352,6 +343,7 @@ def _assemble(
     n_skip: int,
     types: dict[str, str],
     types_by_head: dict[str, str],
+    children: Iterable[list[tuple[float, int]]],
 ) -> Template:
     by_engine: dict[str, list[tuple[int, SeriesDraft, float, int]]] = {}
     current: set[tuple[str, str]] = {
@@ -369,7 +361,8 @@ def _assemble(
 
     slot_of_ordinal = np.full(len(samples), -1, dtype=np.intp)
     check: list[int] = []
-    nonneg: list[bool] = []
+    lower: list[float] = []
+    summable: list[int] = []  # ordinals of counters, buckets, `_sum`, `_count`
     blocks: list[EngineBlock] = []
     endpoint_block = None
     process_start_slot = -1
@@ -381,10 +374,12 @@ def _assemble(
             slot_of_ordinal[o] = n + slot
             if draft.kind in CUMULATIVE_KINDS or draft.kind == "created":
                 check.append(o)
-                nonneg.append(draft.kind not in ("sum", "created"))
+                lower.append(FINITE if draft.kind in ("sum", "created") else NONNEG)
+                if draft.kind != "created":
+                    summable.append(o)
             if draft.family == PROCESS_START and draft.kind == "gauge":
                 process_start_slot = n + slot
-        block = EngineBlock(eng, n, n + len(layout.slot_ids), layout, _incomplete(layout))
+        block = EngineBlock(eng, n, n + len(layout.slot_ids), layout, incomplete(layout))
         n += len(layout.slot_ids)
         if eng == "":
             endpoint_block = block
@@ -399,6 +394,9 @@ def _assemble(
     shared = set(uniq[counts > 1].tolist())
     min_ords = [o for o in created_ords if int(slot_of_ordinal[o]) in shared]
     all_blocks = blocks + ([endpoint_block] if endpoint_block is not None else [])
+    # several samples summed into one slot (labels not kept): their sum must stay finite
+    per_slot = np.bincount(slot_of_ordinal[summable], minlength=n + 1)[:n]
+    bucket_seq, bucket_step = bucket_chain(children, slot_of_ordinal < n)
     return Template(
         n_lines=len(lines),
         n_skip=n_skip,
@@ -410,7 +408,10 @@ def _assemble(
         endpoint=endpoint_block,
         process_start_slot=process_start_slot,
         check_ords=np.array(check, dtype=np.intp),
-        check_nonneg=np.array(nonneg, dtype=bool),
+        check_lower=np.array(lower, dtype=np.float64),
+        bucket_seq=bucket_seq,
+        bucket_step=bucket_step,
+        summed_slots=np.flatnonzero(per_slot > 1).astype(np.intp),
         types=types,
         min_ordinals=np.array(min_ords, dtype=np.intp),
         any_incomplete=any(b.incomplete for b in all_blocks),

@@ -183,7 +183,7 @@ class PollPipeline:
 
     def summary(self, status: str) -> dict[str, float | str]:
         with self.lock:
-            out = summary_keys(self.windows.run, self.state.key_options, status)
+            out = summary_keys(self.windows.run, self.state.key_options, status, self.state.limits)
             sp = summary_prefix(self.state.key_options)
             out.update(self.versions.summary_keys(sp))
             out.update(self.syncs.summary_keys(sp))

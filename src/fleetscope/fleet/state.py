@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fleetscope.exposition.snapshot import EngineLayout
+from fleetscope.fleet.report import LimitWarnings
 from fleetscope.identity import EngineId, Role
 from fleetscope.keys import KeyOptions, key_prefix, poll_keys
 from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.baselines import Advance, Baselines
 from fleetscope.stats.deltas import EngineDelta, alignment
+from fleetscope.util.redact import redact
 from fleetscope.util.warn import RateLimitedWarner
 
 if TYPE_CHECKING:
@@ -104,6 +106,8 @@ class FleetState:
         self.engine_role: dict[EngineId, Role | None] = {}
         # a crash-looping engine is counted every time, but warned about once per interval
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
+        # statistics left out (not finite) or rounded (past 2**53): docs/bad-data.md §13
+        self.limits = LimitWarnings(self._warner)
 
     def observe(self, scrapes: Sequence[ScrapeResult], *, boundary: bool = False) -> PollResult:
         """Fold one poll's scrapes into the state and reduce them.
@@ -299,11 +303,11 @@ class FleetState:
             self._invalid_seen.add(key)
             where = f"{sc.endpoint}.{inv.engine}" if inv.engine else sc.endpoint
             log.warning(
-                "fleetscope: %s: series %s left out (%s): its baseline is kept, it counts "
-                "again from its next valid value",
-                where,
-                inv.series,
-                inv.reason,
+                "fleetscope: %s",
+                redact(
+                    f"{where}: series {inv.series} left out ({inv.reason}): its baseline is "
+                    "kept, it counts again from its next valid value"
+                ),
             )
 
     def finish(
@@ -325,6 +329,7 @@ class FleetState:
                     self.scrape_failures_total.get(sc.endpoint, 0) + 1
                 )
         stats = finish_reduce(merge_partials(partials))
+        self.limits(stats, "poll")
         keys = poll_keys(instant_view(stats) if instant_only else stats, self.key_options)
         keys.update(self._health_keys(scrapes, stats))
         result = PollResult(
@@ -411,7 +416,8 @@ def _joined(held: EngineInput | None, cur: EngineInput) -> EngineInput:
         return cur
     prior = a.delta if a.layout is b.layout else _realigned(a.delta, a.layout, b.layout)
     # a slot unknown in the held delta takes the current one's; else the two add up
-    both = np.where(np.isnan(prior), b.delta, prior + np.nan_to_num(b.delta))
+    with np.errstate(over="ignore", invalid="ignore"):  # past float64: inf, named by reduce
+        both = np.where(np.isnan(prior), b.delta, prior + np.nan_to_num(b.delta))
     joined = dataclasses.replace(
         b,
         delta=both,

@@ -10,6 +10,8 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from fleetscope import catalog
 from fleetscope.fleet.state import PollResult
 from fleetscope.identity import EngineId, Role
@@ -74,8 +76,9 @@ def counter_increase(delta: EngineDelta | None, family: str) -> float | None:
     slots = [c.slot for c in delta.layout.counters if c.name == family]
     if not slots:
         return None
-    v = float(delta.delta[slots].sum())
-    return None if math.isnan(v) else v
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = float(delta.delta[slots].sum())
+    return v if math.isfinite(v) else None  # unknown, or past float64 (docs/bad-data.md §13)
 
 
 def _get(metrics: Mapping[str, float], name: str) -> float | None:

@@ -137,7 +137,7 @@ def operation_keys(rows: Iterable[EndpointRow], base: str) -> KeyDict:
                 per_endpoint += _put(out, f"{prefix}{metric}/mean", float(row.gauge_mean[slot]))
                 per_endpoint += _put(out, f"{prefix}{metric}/peak", float(row.gauge_peak[slot]))
     for (scope, metric), seconds in scope_seconds.items():
-        out[f"{base}/{scope}/{metric}_sum/delta"] = seconds
+        _put(out, f"{base}/{scope}/{metric}_sum/delta", seconds)  # past float64: no figure
     if endpoints > COMPACT_ENDPOINTS:
         out.full_only.update(per_endpoint)
     return out

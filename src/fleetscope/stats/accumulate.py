@@ -304,7 +304,7 @@ class Accumulator:
             data = a.current.data.copy()
             gslots = a.layout.gauge_slots
             if a.gauge_area is not None and a.gauge_seconds is not None and len(gslots):
-                with np.errstate(invalid="ignore", divide="ignore"):
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                     tw = a.gauge_area[gslots] / a.gauge_seconds[gslots]
                 data[gslots] = np.where(a.gauge_seconds[gslots] > 0, tw, data[gslots])
             snap = EngineSnapshot(eid, a.layout, data, a.current.time, a.current.wall_time)

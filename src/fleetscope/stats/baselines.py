@@ -137,7 +137,8 @@ class Baselines:
         prevs = [self._last[it.engine_id] for it in items]
         prev = np.stack([p.data for p in prevs])
         cur = np.stack([it.snapshot.data for it in items])
-        d = cur - prev
+        with np.errstate(over="ignore", invalid="ignore"):  # gauges may be infinite
+            d = cur - prev
         cum = lay.cumulative
         bad = (d[:, cum] < 0).any(axis=1)  # a dropped value: a reset, or a restart
         cs = lay.created_slots

@@ -289,7 +289,8 @@ def engine_delta(
             prev, cur, seconds, carried, carried_time
         )
         aligned = False
-    d = cdat - pdat
+    with np.errstate(over="ignore", invalid="ignore"):  # gauges may be infinite (not checked)
+        d = cdat - pdat
 
     # ---- is this a process restart?
     restarted, created_moved, dropped = _process_restarted(prev, cur, pdat, d)

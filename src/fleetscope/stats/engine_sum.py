@@ -73,6 +73,7 @@ class EngineSum:
             return  # nothing summed: nothing to keep
         self.retired[sid] = combine_retired(self.retired.get(sid), vals)
 
+    @np.errstate(over="ignore", invalid="ignore")  # past float64: inf, named by reduce
     def _restore(self, sid: str, j: int) -> None:
         d, area, secs, peak = self.retired.pop(sid)
         self.delta[j] += d
@@ -113,6 +114,8 @@ def copy_engine_sum(a: EngineSum) -> EngineSum:
     )
 
 
+# a sum past float64 is inf: reduce names it (stats/limits.py), numpy prints nothing
+@np.errstate(over="ignore", invalid="ignore")
 def add_sum(acc: EngineSum, o: EngineSum) -> None:
     """Add ``o``'s sums to ``acc`` (layouts realigned: series come and go)."""
     acc.realign(o.layout)
@@ -137,6 +140,8 @@ def add_sum(acc: EngineSum, o: EngineSum) -> None:
             acc.gauge_peak = np.fmax(acc.gauge_peak, o2.gauge_peak)
 
 
+# a sum past float64 is inf: reduce names it (stats/limits.py), numpy prints nothing
+@np.errstate(over="ignore", invalid="ignore")
 def add_rows(layout: EngineLayout, rows: list[tuple[EngineDelta, EngineSum]]) -> None:
     """Add one poll's deltas of engines of one layout to their sums. An unknown increase (a
     series invalid on its first scrape, a type change) adds nothing, and its engine's interval

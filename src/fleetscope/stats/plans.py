@@ -316,10 +316,11 @@ def engine_matrix(
     """
     n = values.shape[0]
     out = np.full((n, len(plan.names)), np.nan)
-    if len(plan.value_cols):
-        out[:, plan.value_cols] = _sum_groups(values, plan.value_idx, plan.value_starts)
-    dcols = _sum_groups(deltas, plan.delta_idx, plan.delta_starts)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # a sum or a rate past float64 is inf, silently: reduce names it (stats/limits.py)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if len(plan.value_cols):
+            out[:, plan.value_cols] = _sum_groups(values, plan.value_idx, plan.value_starts)
+        dcols = _sum_groups(deltas, plan.delta_idx, plan.delta_starts)
         if len(plan.rate_cols):
             if spans is None or not len(plan.delta_idx):
                 sec = np.where(seconds > 0, seconds, np.nan)[:, None]

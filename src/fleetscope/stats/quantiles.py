@@ -143,12 +143,13 @@ def pool_buckets(
         return (), np.zeros(0)
     common = shared_bounds(b for b, _ in cleaned)
     total = np.zeros(len(common))
-    for b, c in cleaned:
-        if b == common:
-            total += c
-        else:
-            pos = {x: i for i, x in enumerate(b)}
-            total += c[[pos[x] for x in common]]
+    with np.errstate(over="ignore", invalid="ignore"):  # past float64: inf, checked by reduce
+        for b, c in cleaned:
+            if b == common:
+                total += c
+            else:
+                pos = {x: i for i, x in enumerate(b)}
+                total += c[[pos[x] for x in common]]
     return common, total
 
 

@@ -27,6 +27,7 @@ from fleetscope.catalog import (
 )
 from fleetscope.identity import Role
 from fleetscope.stats.deltas import EngineDelta
+from fleetscope.stats.limits import ScopeLimits, finite_matrix, scope_limits
 from fleetscope.stats.plans import HistogramSpec, Plan, engine_matrix, metric_name, plan_for
 from fleetscope.stats.quantiles import pool_buckets, quantile_and_clamp
 
@@ -68,6 +69,8 @@ class ScopeStats:
 
     engines: int
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    # stats left out because they are not finite; counter sums past 2**53 (stats/limits.py)
+    limits: ScopeLimits = field(default_factory=ScopeLimits)
 
 
 @dataclass
@@ -82,6 +85,9 @@ class PollStats:
     seconds: np.ndarray
     kinds: dict[str, str] = field(default_factory=dict)  # column -> gauge|total|rate|ratio|const
     roles: list[Role | None] = field(default_factory=list)  # per row, for role-aware tails
+    # every scope's limits (``{scope}/{metric}/{stat}``) and the engine values left out
+    # because they are not finite (``{engine}/{column}``: NaN in ``matrix``)
+    limits: ScopeLimits = field(default_factory=ScopeLimits)
 
     @cached_property
     def row_of(self) -> dict[str, int]:
@@ -229,7 +235,9 @@ def partial_reduce(
                 block = bdeltas[sel]
                 known = ~np.isnan(block).all(axis=1)  # engines with a delta (not baseline-only)
                 if known.any():
-                    per_scope.setdefault(name, []).append((bounds, block[known].sum(axis=0)))
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        summed = block[known].sum(axis=0)
+                    per_scope.setdefault(name, []).append((bounds, summed))
     return Partial(
         engine_ids=[inp.engine_id for inp in inputs],
         roles=roles,
@@ -297,6 +305,7 @@ def finish_reduce(part: Partial) -> PollStats:
     prefill_rows = np.array([r == "prefill" for r in part.roles], dtype=bool)
     decode_only = np.array([nm in DECODE_ONLY_METRICS for nm in names], dtype=bool)
     scopes: dict[str, ScopeStats] = {}
+    limits = ScopeLimits()
     for scope, mask in masks.items():
         mixed = (mask & prefill_rows).any() and (mask & ~prefill_rows).any()
         scopes[scope] = _reduce_scope(
@@ -312,15 +321,17 @@ def finish_reduce(part: Partial) -> PollStats:
             prefill_rows if mixed else None,
             decode_only,
         )
+        limits.extend(scopes[scope].limits, scope + "/")
     return PollStats(
         engine_ids=part.engine_ids,
         columns=names,
-        matrix=part.matrix,
+        matrix=finite_matrix(part.matrix, part.engine_ids, names, limits),
         scopes=scopes,
         is_engine=part.is_engine,
         seconds=part.seconds,
         kinds=part.kinds,
         roles=part.roles,
+        limits=limits,
     )
 
 
@@ -377,40 +388,56 @@ def _reduce_scope(
         alt = _column_stats(matrix[mask & ~prefill_rows][:, decode_only])
         for stat in ("min", "max", "mean", "median", "cv"):
             res[stat][decode_only] = alt[stat]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         rn, rd = ratio_num[mask], ratio_den[mask]
         ok = ~np.isnan(rn) & ~np.isnan(rd)
         num = np.where(ok, rn, 0).sum(axis=0)
         den = np.where(ok, rd, 0).sum(axis=0)
         pooled = num / np.where(den > 0, den, np.nan)
-    rd_sub = rate_delta[mask]
-    rd_count = (~np.isnan(rd_sub)).sum(axis=0)
-    rd_sum = np.where(rd_count > 0, np.nansum(rd_sub, axis=0), np.nan)
+        pooled[~(np.isfinite(num) & np.isfinite(den))] = np.inf  # overflowed: not a number
+        rd_sub = rate_delta[mask]
+        rd_count = (~np.isnan(rd_sub)).sum(axis=0)
+        rd_sum = np.where(rd_count > 0, np.nansum(rd_sub, axis=0), np.nan)
+    # values that are not finite are left out (and named), never reported (stats/limits.py)
+    stats.limits = scope_limits(
+        names, kinds, {**{st: res[st] for st in STATS}, "delta": rd_sum, "pooled": pooled}
+    )
     metrics = stats.metrics
     for j, name in enumerate(names):
-        if kinds.get(name) == "rate" and not math.isnan(rd_sum[j]):
+        if kinds.get(name) == "rate" and math.isfinite(rd_sum[j]):
             # the scope's exact increase over the interval, under the counter's own name
             metrics.setdefault(name.removesuffix(":rate"), {})["delta"] = float(rd_sum[j])
         m: dict[str, float] = {}
         for stat in STATS:
             v = res[stat][j]
-            if not math.isnan(v):
+            if math.isfinite(v):
                 m[stat] = float(v)
-        if name in SPREAD_METRICS and not math.isnan(res["cv"][j]):
+        if name in SPREAD_METRICS and math.isfinite(res["cv"][j]):
             m["cv"] = float(res["cv"][j])
-        if kinds.get(name) == "ratio" and not math.isnan(pooled[j]):
+        if kinds.get(name) == "ratio" and math.isfinite(pooled[j]):
             m["pooled"] = float(pooled[j] + ratio_offset(name))
         if m:
             metrics.setdefault(name, {}).update(m)
-    for name, pooled_parts in hist_sums.items():
-        if pooled_parts:
-            _quantiles(metrics.setdefault(name, {}), pooled_parts)
+    _add_quantiles(stats, hist_sums)
     return stats
 
 
-def _quantiles(m: dict[str, float], parts: list[tuple[tuple[float, ...], np.ndarray]]) -> None:
-    """A scope's quantiles of one histogram, pooled over its engines' bucket deltas."""
-    b, c = pool_buckets(parts)
+def _add_quantiles(
+    stats: ScopeStats, hist_sums: Mapping[str, list[tuple[tuple[float, ...], np.ndarray]]]
+) -> None:
+    """A scope's quantiles from its pooled bucket deltas (none when a count overflowed)."""
+    for name, pooled_parts in hist_sums.items():
+        if not pooled_parts:
+            continue
+        b, c = pool_buckets(pooled_parts)
+        if np.count_nonzero(np.isinf(c)):  # bucket counts past float64: no quantile
+            stats.limits.not_finite.append(f"{name}/quantiles")
+            continue
+        _quantiles(stats.metrics.setdefault(name, {}), b, c)
+
+
+def _quantiles(m: dict[str, float], b: tuple[float, ...], c: np.ndarray) -> None:
+    """A scope's quantiles of one histogram from its pooled bucket counts."""
     for label, q in QUANTILES.items():
         v, clamped = quantile_and_clamp(q, b, c)
         if not math.isnan(v):
