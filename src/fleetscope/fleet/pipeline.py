@@ -17,7 +17,7 @@ from fleetscope.fleet.report import summary_keys
 from fleetscope.fleet.state import FleetState
 from fleetscope.fleet.view import FleetView, build_view
 from fleetscope.health import HealthMonitor, health_keys
-from fleetscope.identity import EngineId
+from fleetscope.identity import EngineId, endpoint_of
 from fleetscope.keys import key_prefix, summary_prefix
 from fleetscope.rl.operations import operation_keys, poll_rows
 from fleetscope.rl.states import EngineStates
@@ -25,6 +25,7 @@ from fleetscope.rl.versions import PolicyVersions
 from fleetscope.rl.view import EndpointInfo, endpoint_info
 from fleetscope.rl.weight_sync import WeightSyncs
 from fleetscope.sources.base import Departure, ScrapeResult
+from fleetscope.stats.reduce import EngineInput
 from fleetscope.stats.windows import Window, WindowSet
 from fleetscope.util.warn import RateLimitedWarner
 
@@ -74,20 +75,24 @@ class PollPipeline:
         with self.lock:
             boundary = self._held(scrapes, boundary, row_floor)
             self._depart(departures)
+            latest = max((s.time for s in scrapes if s.ok), default=None)
             for sc in scrapes:
                 if sc.joined:
-                    self.windows.endpoint_joins(sc.endpoint, sc.time)
+                    self.windows.endpoint_joins(sc.endpoint, _joined_at(sc, latest))
                 if sc.engine_kind is not None or sc.server_version is not None:
                     self.servers[sc.endpoint] = (sc.engine_kind, sc.server_version)
             result = self.state.observe(scrapes, boundary=boundary)
             for eid in self.state.take_evicted():
                 self.windows.evict(eid, EngineId(eid.endpoint, "evicted"))
+            answers = self._first_answers(scrapes, result.inputs)
             self.windows.attribute(
                 result.inputs,
                 now=result.time,
                 failed_scrapes=sum(1 for s in scrapes if not s.ok),
                 unseen=self._unseen(scrapes),
             )
+            for endpoint, lost in answers.items():
+                self.windows.endpoint_answers(endpoint, lost=lost)
             roles: dict[str, str | None] = {k: v for k, v in self.state.engine_role.items()}
             result.events = self.health.evaluate(result, roles)
             vkeys, vevents = self.versions.poll(
@@ -131,13 +136,29 @@ class PollPipeline:
                 max_model_len=max_model_len or {},
             )
 
-    def _unseen(self, scrapes: list[ScrapeResult]) -> int:
+    def _unseen(self, scrapes: list[ScrapeResult]) -> list[str]:
         """Endpoints this poll tried that never answered (one just added is not counted: the
         interval before its first try was not its own)."""
         self._answered.update(s.endpoint for s in scrapes if s.ok)
-        return sum(
-            1 for s in scrapes if not s.ok and not s.joined and s.endpoint not in self._answered
-        )
+        return [
+            s.endpoint
+            for s in scrapes
+            if not s.ok and not s.joined and s.endpoint not in self._answered
+        ]
+
+    def _first_answers(
+        self, scrapes: list[ScrapeResult], inputs: Iterable[EngineInput]
+    ) -> dict[str, bool]:
+        """Endpoints answering for the first time, each with whether the time it never
+        answered was lost: not if each of its engines proved it started since its first try
+        (a late starter, counted from 0: rules §3.3 and §3.10)."""
+        first = {s.endpoint for s in scrapes if s.ok and s.endpoint not in self._answered}
+        late: dict[str, bool] = {}
+        for inp in inputs:
+            endpoint = endpoint_of(inp.engine_id)
+            if inp.is_engine and endpoint in first:
+                late[endpoint] = late.get(endpoint, True) and inp.delta.started
+        return {endpoint: not late.get(endpoint, False) for endpoint in first}
 
     def _held(self, scrapes: list[ScrapeResult], boundary: bool, row_floor: float) -> bool:
         """Whether this poll's row is held; the time of the last row shown otherwise."""
@@ -224,6 +245,16 @@ class PollPipeline:
                 self.versions.load_state_dict(rl["versions"])
                 self.syncs.load_state_dict(rl["syncs"])
                 self.states.load_state_dict(rl.get("states", {}))
+
+
+def _joined_at(sc: ScrapeResult, latest: float | None) -> float:
+    """When open windows expect a joining endpoint's engines from: its first scrape; a
+    refused first try no later than the poll's latest answer, the time a process that starts
+    after this poll is counted from (its first interval begins there, rules §3.3): the same
+    poll, whatever order its scrapes finished in."""
+    if sc.ok or latest is None:
+        return sc.time
+    return min(sc.time, latest)
 
 
 def server_keys(

@@ -19,7 +19,7 @@ Pure bookkeeping: the collector supplies the clock readings and the polls.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -53,8 +53,10 @@ class Accumulator:
         self.engine_restarts = 0
         self.restarts_unseen_tail = 0  # resets whose last counts before them were unseen
         # engine-seconds of endpoints polled that never answered: one engine each (the fewest
-        # they can have), none covered (docs/bad-data.md §7)
+        # they can have), none covered (docs/bad-data.md §7). Pending per endpoint until its
+        # first answer: lost then, unless its engines prove they started after its first try
         self.unseen_seconds = 0.0
+        self.unseen_pending: dict[str, float] = {}
         # windows: engine-seconds each engine should have covered, from boundary to boundary
         self.expected: dict[str, float] = {}
         self._open: dict[str, float] | None = None
@@ -77,14 +79,16 @@ class Accumulator:
         inputs: Iterable[EngineInput],
         *,
         failed_scrapes: int = 0,
-        unseen: int = 0,
+        unseen: Collection[str] = (),
         elapsed: float = 0.0,
     ) -> None:
-        """One poll's deltas; ``unseen`` endpoints of the fleet never answered, for the
+        """One poll's deltas; the ``unseen`` endpoints of the fleet never answered, for the
         ``elapsed`` seconds since the previous poll."""
         self.polls += 1
         self.failed_scrapes += failed_scrapes
-        self.unseen_seconds += unseen * max(0.0, elapsed)
+        for endpoint in unseen:
+            silent = self.unseen_pending.get(endpoint, 0.0)
+            self.unseen_pending[endpoint] = silent + max(0.0, elapsed)
         inputs = list(inputs)
         if inputs:
             self._last_present = {inp.engine_id for inp in inputs}
@@ -139,6 +143,14 @@ class Accumulator:
         for layout, rows in by_layout.items():
             add_rows(layout, rows)
 
+    def endpoint_answers(self, endpoint: str, *, lost: bool) -> None:
+        """An endpoint that never answered has answered: its silent time was ``lost``
+        (its engines were running), or not (each proved it started after the endpoint's
+        first try and counted from 0: nothing ran unseen, rules §3.10)."""
+        seconds = self.unseen_pending.pop(endpoint, 0.0)
+        if lost:
+            self.unseen_seconds += seconds
+
     def _new_process(self, engine: str, began: float) -> bool:
         """A window sees an engine whose process started during its interval (a scale-up, a
         restarted Ray actor's new worker, a late starter): True if its counts since
@@ -177,6 +189,8 @@ class Accumulator:
         self.engine_restarts += other.engine_restarts
         self.restarts_unseen_tail += other.restarts_unseen_tail
         self.unseen_seconds += other.unseen_seconds
+        for endpoint, seconds in other.unseen_pending.items():
+            self.unseen_pending[endpoint] = self.unseen_pending.get(endpoint, 0.0) + seconds
         self.active_seconds += other.active_seconds
         self.merge_engines(other)
 
@@ -276,13 +290,13 @@ class Accumulator:
         """Engine-seconds with exact deltas / engine-seconds the interval should cover."""
         engines = {e: a for e, a in self.engines.items() if a.is_engine}
         if self.expected:
-            want = sum(self.expected.values()) + self.unseen_seconds
+            want = sum(self.expected.values()) + self._unseen_total()
             got = sum(min(a.covered, self.expected.get(e, 0.0)) for e, a in engines.items())
             return None if want <= 0 else round(min(1.0, got / want), 12)
         # a run label: what the deltas spanned, plus the silence of engines absent from the
         # last poll (failed, or gone without a departure) and of endpoints never seen;
         # nothing lost means exactly 1.0
-        want, got = self.unseen_seconds, 0.0
+        want, got = self._unseen_total(), 0.0
         for e, a in engines.items():
             got += a.covered
             want += a.spanned
@@ -291,6 +305,9 @@ class Accumulator:
         if want <= 0:
             return None
         return round(min(1.0, got / want), 12)
+
+    def _unseen_total(self) -> float:
+        return self.unseen_seconds + sum(self.unseen_pending.values())
 
     def stats(self, prefixes: Iterable[str] | None = None) -> PollStats | None:
         """Reduce the sums: totals (``delta``), rates over active seconds, pooled ratios and
@@ -330,6 +347,7 @@ class Accumulator:
             "engine_restarts": self.engine_restarts,
             "restarts_unseen_tail": self.restarts_unseen_tail,
             "unseen_seconds": self.unseen_seconds,
+            "unseen_pending": dict(self.unseen_pending),
             "expected": [[engine_id_json(e), v] for e, v in self.expected.items()],
             "engines": engines,
         }
@@ -343,6 +361,7 @@ class Accumulator:
         acc.engine_restarts = int(state["engine_restarts"])
         acc.restarts_unseen_tail = int(state.get("restarts_unseen_tail", 0))
         acc.unseen_seconds = float(state.get("unseen_seconds", 0.0))
+        acc.unseen_pending = {str(e): float(v) for e, v in state.get("unseen_pending", {}).items()}
         acc.expected = {EngineId.from_json(e): float(v) for e, v in state.get("expected", [])}
         for e in state["engines"]:
             eid, engine = engine_from_data(e)

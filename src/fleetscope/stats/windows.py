@@ -158,6 +158,13 @@ class WindowSet:
         for acc in self.run.values():
             acc.evict(engine, into)
 
+    def endpoint_answers(self, endpoint: str, *, lost: bool) -> None:
+        """An endpoint that never answered has answered (first scraped now): the time it was
+        silent is lost, or not (``lost=False``: its engines started after its first try)."""
+        windows = [*self.active.values(), *self.paused.values()]
+        for acc in [*self.run.values(), *(w.acc for w in windows)]:
+            acc.endpoint_answers(endpoint, lost=lost)
+
     # ------------------------------------------------------------------ attribution
 
     def attribute(
@@ -166,7 +173,7 @@ class WindowSet:
         *,
         now: float,
         failed_scrapes: int = 0,
-        unseen: int = 0,
+        unseen: Collection[str] = (),
     ) -> None:
         """Give one poll's deltas to every active window (or to ``idle``) and to the run;
         ``unseen``: endpoints tried this poll that never answered (docs/bad-data.md §7)."""
