@@ -401,3 +401,41 @@ def kv_capacity_tokens(info: Mapping[str, Mapping[str, str]]) -> float | None:
     if blocks is not None and block is not None:
         return blocks * block
     return None
+
+
+# ------------------------------------------------------------------ versions and bucket bounds
+
+#: the versions the table was checked against (tests/data), oldest first; rules target the last
+CHECKED_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.32.0", "0.33.0"), "sglang": ("0.5.23",)}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.5.23"`` -> ``(0, 5, 23)``: the leading numeric parts (``rc1``, ``+cu121`` dropped)."""
+    out = []
+    for part in version.split("+", 1)[0].split("."):
+        digits = len(part) - len(part.lstrip("0123456789"))
+        out += [int(part[:digits])] if digits else []
+        if not digits or digits != len(part):
+            break
+    return tuple(out)
+
+
+def in_versions(first: str | None, last: str | None, version: str) -> bool:
+    """Whether ``version`` is within ``first``..``last`` (None: that end is open)."""
+    v = version_tuple(version)
+    return (first is None or v >= version_tuple(first)) and (
+        last is None or v <= version_tuple(last)
+    )
+
+
+def bucket_bounds(family: str, version: str) -> tuple[float, ...] | None:
+    """The finite default bucket bounds of ``family`` (base name) at ``version``, from
+    ``buckets.tsv`` (the latency histograms: what an SLO threshold may be); None: not known."""
+    text = resources.files("fleetscope").joinpath("buckets.tsv").read_text(encoding="utf-8")
+    rows = csv.DictReader(
+        [ln for ln in text.splitlines() if ln[:1] not in ("", "#")], delimiter="\t"
+    )
+    for r in rows:
+        if r["family"] == family and in_versions(r["first"] or None, r["last"] or None, version):
+            return tuple(float(b) for b in r["bounds"].split())
+    return None

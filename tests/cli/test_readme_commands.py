@@ -244,6 +244,20 @@ def check_watch_once(argv: list[str], cwd: Path, env: dict[str, str]) -> None:
     assert keys["inference/agg/engines_reporting"] == 1
 
 
+def check_alerts(argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+    """The rule file it writes passes ``promtool check rules`` (it must be installed)."""
+    from support.prom import find_promtool_binary
+
+    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=DEADLINE_S)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    out = argv[argv.index("--out") + 1]
+    assert "FleetscopeGenerationStalled" in (cwd / out).read_text(encoding="utf-8")
+    check = subprocess.run([find_promtool_binary(), "check", "rules", out], cwd=cwd,
+                           capture_output=True, text=True, timeout=DEADLINE_S)  # fmt: skip
+    assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
+
+
 def check_watch(
     argv: list[str], cwd: Path, env: dict[str, str], stack: list[FleetServer], procs: list[Proc]
 ) -> None:
@@ -293,6 +307,8 @@ def test_readme_command(command: str, workdir: tuple[Path, dict[str, str]]) -> N
             check_watch_once(argv, cwd, env)
         elif sub == "watch":
             check_watch(argv, cwd, env, stack, procs)
+        elif sub == "alerts":
+            check_alerts(argv, cwd, env)
         else:
             raise AssertionError(f"README command not checked by this test: {command}")
     finally:

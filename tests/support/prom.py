@@ -56,11 +56,14 @@ __all__ = [
     "PrometheusNotFound",
     "PrometheusServer",
     "find_prometheus_binary",
+    "find_promtool_binary",
     "serve_registry",
 ]
 
 #: Environment variable that may point at a specific ``prometheus`` binary.
 BINARY_ENV = "FLEETSCOPE_PROMETHEUS_BIN"
+#: ... and at a specific ``promtool`` (Debian's prometheus package ships it beside prometheus).
+PROMTOOL_ENV = "FLEETSCOPE_PROMTOOL_BIN"
 
 _INSTALL_HINT = (
     "Install it with `apt-get install -y prometheus` (Debian/Ubuntu; .ci/run does this) "
@@ -89,6 +92,26 @@ def find_prometheus_binary() -> str:
     raise PrometheusNotFound(f"The `prometheus` binary was not found on PATH. {_INSTALL_HINT}")
 
 
+def find_promtool_binary() -> str:
+    """Return the path of ``promtool`` (rule checks and rule unit tests), or raise
+    :class:`PrometheusNotFound`: next to ``$FLEETSCOPE_PROMETHEUS_BIN`` if that is set, else
+    on PATH."""
+    explicit = os.environ.get(PROMTOOL_ENV)
+    if explicit:
+        if os.path.isfile(explicit) and os.access(explicit, os.X_OK):
+            return explicit
+        raise PrometheusNotFound(f"${PROMTOOL_ENV}={explicit!r} is not an executable file.")
+    beside = os.environ.get(BINARY_ENV)
+    if beside:
+        candidate = os.path.join(os.path.dirname(beside), "promtool")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("promtool")
+    if found:
+        return found
+    raise PrometheusNotFound(f"The `promtool` binary was not found on PATH. {_INSTALL_HINT}")
+
+
 def _free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -115,7 +138,10 @@ class PrometheusServer:
     * scrapes every target in one job (``job`` label, default ``"fleet"``); each target's
       ``instance`` label is the ``host:port`` string given here;
     * ``target_labels`` (optional) adds labels to some targets' series, as a
-      ``static_configs`` entry with ``labels`` does: ``{"127.0.0.1:8001": {"role": "decode"}}``.
+      ``static_configs`` entry with ``labels`` does: ``{"127.0.0.1:8001": {"role": "decode"}}``;
+    * ``rule_files`` (optional) are copied into its directory and evaluated every
+      ``evaluation_interval`` seconds (a group's own ``interval`` wins); :meth:`alerts` lists
+      the alerts they raise.
 
     Parameters beyond the first three are keyword-only tuning knobs.
     """
@@ -131,6 +157,8 @@ class PrometheusServer:
         startup_timeout: float = 30.0,
         extra_args: Sequence[str] = (),
         target_labels: Mapping[str, Mapping[str, str]] | None = None,
+        rule_files: Sequence[Path] = (),
+        evaluation_interval: float = 60.0,
     ) -> None:
         if isinstance(targets, str):
             raise TypeError("targets must be a list of 'host:port' strings, not a single string")
@@ -153,6 +181,9 @@ class PrometheusServer:
         unknown = set(self.target_labels) - set(self.targets)
         if unknown:
             raise ValueError(f"target_labels for unknown targets: {sorted(unknown)}")
+        self.rule_files = [Path(f) for f in rule_files]
+        self.evaluation_interval = float(evaluation_interval)
+        _duration(self.evaluation_interval)  # validate early
 
         self.port: int | None = None
         self.url: str = ""
@@ -192,8 +223,9 @@ class PrometheusServer:
             "global": {
                 "scrape_interval": _duration(self.scrape_interval),
                 "scrape_timeout": _duration(self.scrape_timeout),
-                "evaluation_interval": "1m",
+                "evaluation_interval": _duration(self.evaluation_interval),
             },
+            "rule_files": [f"rules-{i}.yml" for i in range(len(self.rule_files))],
             "scrape_configs": [
                 {
                     "job_name": self.job,
@@ -223,6 +255,8 @@ class PrometheusServer:
         self._tmpdir = Path(tempfile.mkdtemp(prefix="fleetscope-prom-"))
         try:
             config_path = self._tmpdir / "prometheus.yml"
+            for i, rule_file in enumerate(self.rule_files):
+                shutil.copyfile(rule_file, self._tmpdir / f"rules-{i}.yml")
             config_path.write_text(json.dumps(self.config(), indent=2) + "\n")
             self._client = httpx.Client(timeout=10.0, trust_env=False)
             last_error: PrometheusError | None = None
@@ -419,6 +453,13 @@ class PrometheusServer:
             {"metric": s["metric"], "values": [(float(t), float(v)) for t, v in s["values"]]}
             for s in data["result"]
         ]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """``/api/v1/alerts``: every pending and firing alert (``labels``, ``state``,
+        ``activeAt``, ``value``...)."""
+        data = self._api("/api/v1/alerts")
+        alerts: list[dict[str, Any]] = data["alerts"]
+        return alerts
 
     def targets_status(self) -> list[dict[str, Any]]:
         """The active targets as reported by ``/api/v1/targets`` (health, lastScrape, ...)."""

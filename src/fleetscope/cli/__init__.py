@@ -2,7 +2,8 @@
 
 One module per command group: ``_inspect`` (inspect), ``_watch`` (watch; ``_endpoints_file``:
 the endpoints file it follows), ``_demo`` (simulate, demo), ``_dashboards`` (dashboard
-grafana|wandb, annotate); ``_common`` holds the options they share. Every name is re-exported here.
+grafana|wandb, annotate), ``_alerts`` (alerts: Prometheus rules); ``_common`` holds the options
+they share. Every name is re-exported here.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from fleetscope import __version__
+from fleetscope.cli._alerts import add_alerts_parser, cmd_alerts
 from fleetscope.cli._common import add_sink_args, build_sinks, headers_from_args, role_and_url
 from fleetscope.cli._dashboards import (
     add_grafana_parsers,
@@ -58,11 +60,13 @@ __all__ = [
     "EndpointsFileRule",
     "FileRead",
     "SourceError",
+    "add_alerts_parser",
     "add_grafana_parsers",
     "add_sink_args",
     "add_wandb_dashboard_parser",
     "build_parser",
     "build_sinks",
+    "cmd_alerts",
     "cmd_annotate",
     "cmd_dashboard_grafana",
     "cmd_dashboard_wandb",
@@ -98,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_parsers(sub)
     add_grafana_parsers(sub)
     add_wandb_dashboard_parser(sub)
+    add_alerts_parser(sub)
     return p
 
 
