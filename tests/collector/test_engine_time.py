@@ -265,3 +265,32 @@ def test_the_whole_run_agrees_with_the_truth(scenario: tuple[Rig, dict[str, Any]
         got, want = s[f"{b}/{p}_share"], rig.run_truth[p]
         print(f"combined {p:>10}: {got:.4f} vs {want:.4f} (tolerance {tolerance:.4f})")
         assert abs(got - want) <= tolerance, (p, got, want)
+
+
+async def test_a_slow_engine_is_named_as_the_holder_of_the_latency_tail() -> None:
+    """One engine of four runs every step 4x slower: it holds the fleet's e2e and TTFT tails
+    (its p99 above the fleet's), named in the summary; the others are not."""
+    fleet = SimFleet(seed=5)
+    fleet.add_endpoint(name="server0", dp=2)
+    fleet.add_endpoint(name="server1", dp=2)
+    fleet.endpoint("server1").set_slowdown(4.0, engine=1)
+    fleet.step(3.0)
+    c = Collector(source=SimSource(fleet), interval=3600, fetch_model_info=False)
+    await c.poll()
+    w = c.window("train")
+    fleet.step(1.0)
+    await w.astart()
+    for _ in range(30):
+        fleet.step(1.0)
+        await c.poll()
+    fleet.step(1.0)
+    keys = await w.astop()
+    await c.stop()
+    s = c.summary()
+    for metric in ("e2e_request_latency_seconds", "time_to_first_token_seconds"):
+        assert keys[f"inference/train/agg/{metric}/tail_engines"] == 1.0
+        assert s[f"inference_summary/train/agg/{metric}/tail_held_by"] == "server1.1"
+        fleet_p99 = keys[f"inference/train/agg/{metric}/p99"]
+        assert keys[f"inference/train/server1.1/{metric}/p99"] > fleet_p99
+        assert keys[f"inference/train/server1.1/{metric}/tail_share"] > 0.5
+        assert not [k for k in keys if k.startswith("inference/train/server0.") and metric in k]
