@@ -254,6 +254,8 @@ TTFT = "time_to_first_token_seconds"
 TPOT = "request_time_per_output_token_seconds"
 ITL = "inter_token_latency_seconds"
 E2E = "e2e_request_latency_seconds"
+#: the seconds each finished request spent running (prefill + decode), per engine
+INFERENCE_TIME = "request_inference_time_seconds"
 
 _SERIES_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created", "_info")
 

@@ -50,6 +50,7 @@ def body(
     kv: float = 0.1,
     preemptions: float = 0,
     engines: int = 1,
+    served: float | None = None,
 ) -> str:
     """A vLLM body with the gauges the classes are judged on (``capacity``: the waiting queue
     broken down by reason, the rest ``deferred``)."""
@@ -74,6 +75,14 @@ def body(
     lines.append("# TYPE vllm:num_preemptions counter")
     for e in range(engines):
         lines.append(f'vllm:num_preemptions_total{{engine="{e}",model_name="m"}} {preemptions}')
+    if served is not None:  # the running seconds of the finished requests (their sum)
+        name = "vllm:request_inference_time_seconds"
+        lines.append(f"# TYPE {name} histogram")
+        for e in range(engines):
+            labels = f'engine="{e}",model_name="m"'
+            lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {served}')
+            lines.append(f"{name}_count{{{labels}}} {served}")
+            lines.append(f"{name}_sum{{{labels}}} {served}")
     return "\n".join(lines) + "\n"
 
 
@@ -103,33 +112,54 @@ def classes(
 def test_each_interval_is_one_class_judged_at_its_end_scrape() -> None:
     f, c = Feed(), PhaseClassifier()
     assert classes(c, f.poll(body())) == [None]  # a baseline covers no time
-    assert classes(c, f.poll(body())) == [(IDLE, 5.0)]
-    assert classes(c, f.poll(body(running=3))) == [(BUSY, 5.0)]
-    assert classes(c, f.poll(body(running=3, kv=0.95))) == [(SATURATED, 5.0)]
-    assert classes(c, f.poll(body(running=3, preemptions=2))) == [(SATURATED, 5.0)]
-    assert classes(c, f.poll(body(running=3, preemptions=2))) == [(BUSY, 5.0)]  # none new
+    assert classes(c, f.poll(body())) == [(IDLE, 5.0, 0.0)]
+    assert classes(c, f.poll(body(running=3))) == [(BUSY, 5.0, 0.0)]
+    assert classes(c, f.poll(body(running=3, kv=0.95))) == [(SATURATED, 5.0, 0.0)]
+    assert classes(c, f.poll(body(running=3, preemptions=2))) == [(SATURATED, 5.0, 0.0)]
+    assert classes(c, f.poll(body(running=3, preemptions=2))) == [(BUSY, 5.0, 0.0)]  # none new
     # a queue at the end only is an arrival the next engine step admits; at both ends, it lasted
-    assert classes(c, f.poll(body(running=3, waiting=2))) == [(BUSY, 5.0)]
-    assert classes(c, f.poll(body(running=3, waiting=4))) == [(SATURATED, 5.0)]
-    assert classes(c, f.poll(body(running=0, waiting=1))) == [(SATURATED, 5.0)]
-    assert classes(c, f.poll(body())) == [(IDLE, 5.0)]
+    assert classes(c, f.poll(body(running=3, waiting=2))) == [(BUSY, 5.0, 0.0)]
+    assert classes(c, f.poll(body(running=3, waiting=4))) == [(SATURATED, 5.0, 0.0)]
+    assert classes(c, f.poll(body(running=0, waiting=1))) == [(SATURATED, 5.0, 0.0)]
+    assert classes(c, f.poll(body())) == [(IDLE, 5.0, 0.0)]
+
+
+def test_requests_between_two_idle_scrapes_count_their_running_seconds() -> None:
+    """Requests shorter than the interval can start and finish between two scrapes that both
+    find nothing to do: their running seconds (vLLM's own) are busy, at most the interval."""
+    f, c = Feed(), PhaseClassifier()
+    assert classes(c, f.poll(body(served=0.0))) == [None]  # the baseline: nothing to do
+    assert classes(c, f.poll(body(served=1.5))) == [(BUSY, 1.5, 3.5)]
+    assert classes(c, f.poll(body(served=1.5))) == [(IDLE, 5.0, 0.0)]
+    assert classes(c, f.poll(body(served=10.0))) == [(BUSY, 5.0, 0.0)]  # overlapping ones
+    assert classes(c, f.poll(body(running=2, served=11.0))) == [(BUSY, 5.0, 0.0)]
+    # busy at its start: its end decides, as for any interval (one interval per change)
+    assert classes(c, f.poll(body(served=40.0))) == [(IDLE, 5.0, 0.0)]
+    # summed per engine: the busy part and the idle part of the split interval
+    ws = WindowSet()
+    f, c = Feed(), PhaseClassifier()
+    for served in (0.0, 1.5, 1.5):
+        inputs = f.poll(body(served=served))
+        ws.attribute(inputs, now=f.t, phases=c.classify(inputs))
+    (es,) = [a for a in ws.run["combined"].engines.values() if a.is_engine]
+    assert es.phases == [8.5, 1.5, 0.0, 0.0, 0.0]
 
 
 def test_requests_deferred_for_remote_kv_are_not_the_engines_work() -> None:
     f, c = Feed(), PhaseClassifier()
     f.poll(body(waiting=3, capacity=0))
-    assert classes(c, f.poll(body(waiting=3, capacity=0))) == [(IDLE, 5.0)]
-    assert classes(c, f.poll(body(waiting=3, capacity=1))) == [(BUSY, 5.0)]
-    assert classes(c, f.poll(body(waiting=3, capacity=1))) == [(SATURATED, 5.0)]
+    assert classes(c, f.poll(body(waiting=3, capacity=0))) == [(IDLE, 5.0, 0.0)]
+    assert classes(c, f.poll(body(waiting=3, capacity=1))) == [(BUSY, 5.0, 0.0)]
+    assert classes(c, f.poll(body(waiting=3, capacity=1))) == [(SATURATED, 5.0, 0.0)]
 
 
 def test_syncing_then_paused_come_first() -> None:
     f, c = Feed(), PhaseClassifier()
     f.poll(body(engines=2))
     inputs = f.poll(body(running=5, kv=0.99, engines=2))
-    assert classes(c, inputs, held=[True, False]) == [(PAUSED, 5.0), (SATURATED, 5.0)]
+    assert classes(c, inputs, held=[True, False]) == [(PAUSED, 5.0, 0.0), (SATURATED, 5.0, 0.0)]
     inputs = f.poll(body(running=5, kv=0.99, engines=2))
-    assert classes(c, inputs, held=[True, False], syncing=True) == [(SYNCING, 5.0)] * 2
+    assert classes(c, inputs, held=[True, False], syncing=True) == [(SYNCING, 5.0, 0.0)] * 2
 
 
 def test_what_cannot_be_judged_is_left_out() -> None:
@@ -140,13 +170,16 @@ def test_what_cannot_be_judged_is_left_out() -> None:
     inputs = f.poll(text.replace(" 5\n", " 9\n"))
     assert [i.is_engine for i in inputs] == [True, False]
     assert classes(c, inputs) == [None, None]  # no gauge to judge; an endpoint's row
-    assert classes(c, inputs, held=[True, False]) == [(PAUSED, 5.0), None]
+    assert classes(c, inputs, held=[True, False]) == [(PAUSED, 5.0, 0.0), None]
+    # without a gauge, its start is unknown: it may have had work (no short-request split)
+    assert classes(c, f.poll(body(served=2.0))) == [(IDLE, 5.0, 0.0)]
+    assert classes(c, f.poll(body(served=3.0))) == [(BUSY, 1.0, 4.0)]
 
 
 def test_a_kv_threshold_of_the_users() -> None:
     f, c = Feed(), PhaseClassifier(kv_full=0.8)
     f.poll(body())
-    assert classes(c, f.poll(body(running=1, kv=0.85))) == [(SATURATED, 5.0)]
+    assert classes(c, f.poll(body(running=1, kv=0.85))) == [(SATURATED, 5.0, 0.0)]
 
 
 def test_sglangs_own_idle_count_decides_its_idle_time() -> None:

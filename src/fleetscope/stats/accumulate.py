@@ -79,7 +79,7 @@ class Accumulator:
         failed_scrapes: int = 0,
         unseen: int = 0,
         elapsed: float = 0.0,
-        phases: Sequence[tuple[int, float] | None] | None = None,
+        phases: Sequence[tuple[int, float, float] | None] | None = None,
     ) -> None:
         """One poll's deltas; ``unseen`` endpoints of the fleet never answered, for the
         ``elapsed`` seconds since the previous poll; ``phases``: each input's class
@@ -129,7 +129,7 @@ class Accumulator:
             acc.covered += d.observed_seconds  # a restart's unseen tail is not covered
             acc.spanned += d.seconds
             if phases is not None and (ph := phases[i]) is not None:
-                acc.phases[ph[0]] += ph[1]
+                acc.add_phase(ph)
             # an endpoint's own row restarts with its engines: its tail is theirs, counted
             # once per engine (its own series' resets without a restart still count)
             if d.tail_unseen and (inp.is_engine or not d.restarted):

@@ -12,7 +12,10 @@ class, judged at the interval's end scrape, first match wins:
    counted in the interval, or requests waiting for capacity at both its start and end scrapes
    (a queue that lasted, not an arrival the next engine step admits);
 4. ``busy``: requests running, or waiting for capacity, at the end scrape;
-5. ``idle``: nothing running and nothing waiting for capacity at the end scrape.
+5. ``idle``: nothing running and nothing waiting for capacity at the end scrape; but when that
+   was so at its start scrape too, the seconds its requests finished in it spent running
+   (vLLM's ``request_inference_time_seconds``: requests shorter than the interval, which fell
+   between the two scrapes) are ``busy``, at most the interval's.
 
 "Waiting for capacity" is vLLM's ``num_requests_waiting_by_reason{reason="capacity"}`` where
 the engine has it (requests ``deferred`` for remote KV are not the engine's work yet), else
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 
 from fleetscope import catalog
 from fleetscope.exposition.snapshot import EngineLayout
+from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.engine_sum import EngineSum
 from fleetscope.stats.reduce import EngineInput
 
@@ -61,12 +65,13 @@ __all__ = [
 
 PHASES: tuple[str, ...] = ("idle", "busy", "saturated", "paused", "syncing")
 IDLE, BUSY, SATURATED, PAUSED, SYNCING = range(len(PHASES))
-#: one engine's interval: (its class, its seconds)
-Phase = tuple[int, float]
+#: one engine's interval: (its class, its seconds in it, idle seconds beside them)
+Phase = tuple[int, float, float]
 
 _RUNNING = "vllm:" + catalog.RUNNING
 _WAITING = "vllm:" + catalog.WAITING
 _KV = "vllm:" + catalog.KV_USAGE
+_SERVED = "vllm:" + catalog.INFERENCE_TIME
 _CAPACITY = (("reason", "capacity"),)
 
 
@@ -79,6 +84,7 @@ class _Slots:
     kv: int
     preemptions: int
     idle_counter: int
+    served: int  # the ``_sum`` of the requests' running seconds
 
 
 _SLOTS: dict[int, tuple[EngineLayout, _Slots]] = {}
@@ -97,6 +103,7 @@ def _slots(layout: EngineLayout) -> _Slots:
         kv=gauges.get((_KV, ()), -1),
         preemptions=counters.get((catalog.PREEMPTIONS_FAMILY, ()), -1),
         idle_counter=counters.get((catalog.SCHEDULER_IDLE_FAMILY, ()), -1),
+        served=next((h.sum for h in layout.histograms if h.name == _SERVED and not h.labels), -1),
     )
     if len(_SLOTS) > 4096:
         _SLOTS.clear()
@@ -104,15 +111,19 @@ def _slots(layout: EngineLayout) -> _Slots:
     return s
 
 
+_QUEUED, _ACTIVE = 1, 2  # what an engine's last scrape showed: a queue; anything to do
+
+
 class PhaseClassifier:
     """Puts each engine's interval of a poll in one class (the rules of this module's doc).
 
-    Keeps one bit per engine between polls: whether requests were waiting for capacity at its
-    last scrape (a queue at both ends of an interval is saturation)."""
+    Keeps two bits per engine between polls: whether requests were waiting for capacity at its
+    last scrape (a queue at both ends of an interval is saturation), and whether it had anything
+    running or waiting (an interval idle at both ends counts its short requests)."""
 
     def __init__(self, kv_full: float = 0.95) -> None:
         self.kv_full = kv_full
-        self._queued: dict[str, bool] = {}
+        self._last: dict[str, int] = {}
 
     def classify(
         self,
@@ -126,8 +137,7 @@ class PhaseClassifier:
         engine was paused or asleep at its end scrape; ``syncing``: a weight sync was open over
         this poll's interval."""
         out: list[Phase | None] = []
-        queued = self._queued
-        kv_full = self.kv_full
+        last = self._last
         for i, inp in enumerate(inputs):
             if not inp.is_engine:
                 out.append(None)
@@ -135,33 +145,41 @@ class PhaseClassifier:
             d = inp.delta
             data = d.current.data
             s = _slots(d.current.layout)
+            running = float(data[s.running]) if s.running >= 0 else math.nan
             waiting = float(data[s.waiting]) if s.waiting >= 0 else math.nan
-            was = queued.get(inp.engine_id, False)
-            queued[inp.engine_id] = now = waiting > 0
+            was = last.get(inp.engine_id, _ACTIVE)  # unknown: it may have had work
+            now = (_QUEUED if waiting > 0 else 0) | (_ACTIVE if waiting > 0 or running > 0 else 0)
+            # no gauge to say (a multiprocess server before its first step): it may have work
+            last[inp.engine_id] = _ACTIVE if running != running and waiting != waiting else now
             secs = float(d.seconds)
             if d.baseline_only or not secs > 0:
                 out.append(None)
             elif syncing:
-                out.append((SYNCING, secs))
+                out.append((SYNCING, secs, 0.0))
             elif held is not None and held[i]:
-                out.append((PAUSED, secs))
+                out.append((PAUSED, secs, 0.0))
+            elif running != running and waiting != waiting:
+                out.append(None)  # nothing to judge it on
             else:
-                running = float(data[s.running]) if s.running >= 0 else math.nan
-                if running != running and waiting != waiting:
-                    out.append(None)
-                    continue
-                kv = float(data[s.kv]) if s.kv >= 0 else math.nan
-                pre = float(d.delta[s.preemptions]) if s.preemptions >= 0 else math.nan
-                if kv >= kv_full or pre > 0 or (now and was):
-                    out.append((SATURATED, secs))
-                elif running > 0 or now:
-                    out.append((BUSY, secs))
-                else:
-                    out.append((IDLE, secs))
-        if len(queued) > 2 * len(inputs) + 64:  # engines gone for good: forget their bit
+                out.append(self._judged(d, s, secs, now, was))
+        if len(last) > 2 * len(inputs) + 64:  # engines gone for good: forget their bits
             seen = {inp.engine_id for inp in inputs}
-            self._queued = {e: q for e, q in queued.items() if e in seen}
+            self._last = {e: b for e, b in last.items() if e in seen}
         return out
+
+    def _judged(self, d: EngineDelta, s: _Slots, secs: float, now: int, was: int) -> Phase:
+        """Saturated, busy or idle (rules 3 to 5)."""
+        kv = float(d.current.data[s.kv]) if s.kv >= 0 else math.nan
+        pre = float(d.delta[s.preemptions]) if s.preemptions >= 0 else math.nan
+        if kv >= self.kv_full or pre > 0 or now & was & _QUEUED:
+            return (SATURATED, secs, 0.0)
+        if now:
+            return (BUSY, secs, 0.0)
+        served = float(d.delta[s.served]) if s.served >= 0 and not was else 0.0
+        if served > 0:  # short requests between two scrapes that found nothing to do
+            busy = min(served, secs)
+            return (BUSY, busy, secs - busy)
+        return (IDLE, secs, 0.0)
 
 
 def engine_phase_seconds(es: EngineSum) -> list[float]:

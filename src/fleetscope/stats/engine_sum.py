@@ -14,6 +14,7 @@ from fleetscope.stats.deltas import EngineDelta
 #: engine-seconds per class of :mod:`fleetscope.stats.breakdown` (idle, busy, saturated, paused,
 #: syncing)
 N_PHASES = 5
+IDLE_PHASE = 0
 
 
 def no_phases() -> list[float]:
@@ -40,6 +41,13 @@ class EngineSum:
     # and gets it back when it returns.
     retired: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
     phases: list[float] = field(default_factory=no_phases)  # engine-seconds per class
+
+    def add_phase(self, phase: tuple[int, float, float]) -> None:
+        """One interval's class: (class, its seconds, idle seconds beside them)."""
+        k, seconds, idle = phase
+        self.phases[k] += seconds
+        if idle:
+            self.phases[IDLE_PHASE] += idle
 
     def realign(self, layout: EngineLayout) -> None:
         """Carry sums over to a new layout of the same engine (series come and go)."""

@@ -165,7 +165,7 @@ class WindowSet:
         now: float,
         failed_scrapes: int = 0,
         unseen: int = 0,
-        phases: Sequence[tuple[int, float] | None] | None = None,
+        phases: Sequence[tuple[int, float, float] | None] | None = None,
     ) -> None:
         """Give one poll's deltas to every active window (or to ``idle``) and to the run;
         ``unseen``: endpoints tried this poll that never answered (docs/bad-data.md §7);
