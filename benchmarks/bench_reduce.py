@@ -7,7 +7,9 @@ endpoint's own ``Parser`` as the collector does. Timed (median over >= 7 runs, o
 * deltas: ``Baselines.advance`` for every engine (and the endpoint rows);
 * ``reduce_poll`` over the 1,024 engines (scopes: agg, prefill, decode);
 * keys: ``poll_keys`` under the default key budget;
-* the whole poll through ``FleetState.observe`` (deltas + reduce + keys + health keys).
+* the whole poll through ``FleetState.observe`` (deltas + reduce + keys + health keys);
+* the engine-time breakdown's classes of the poll's intervals (``PhaseClassifier.classify``),
+  and the window sums (``WindowSet.attribute``: the run's ``combined`` label and one window).
 
 Memory: the state kept between polls for 1,024 engines (baselines, parsers' templates and
 layouts), measured with tracemalloc, and the process' peak RSS. Targets: < 1 s per poll,
@@ -38,7 +40,9 @@ from fleetscope.identity import Role
 from fleetscope.keys import KeyOptions, poll_keys
 from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.baselines import Baselines
+from fleetscope.stats.breakdown import PhaseClassifier
 from fleetscope.stats.reduce import EngineInput, reduce_poll
+from fleetscope.stats.windows import WindowSet
 
 _HERE = Path(__file__).resolve()
 FIXTURES = _HERE.parents[1] / "tests" / "data" / "fixtures"
@@ -189,6 +193,25 @@ def main(argv: list[str] | None = None) -> int:
         t_observe.append(time.perf_counter() - t)
     obs_keys = len(res.keys)
 
+    # window attribution: the run's ``combined`` label and one open window get every poll's
+    # per-engine deltas (the hot path of windows and the run summary)
+    # and the engine-time breakdown's classes of the poll's intervals (docs/rules.md §3.13)
+    t_attr, t_class = [], []
+    held = [False] * len(res.inputs)
+    for _ in range(runs):
+        ws = WindowSet()
+        ws.start("train", 0.0)
+        classifier = PhaseClassifier()
+        phases = classifier.classify(res.inputs, held)
+        ws.attribute(res.inputs, now=5.0, phases=phases)  # the sums exist: a steady-state poll
+        gc.collect()
+        t = time.perf_counter()
+        phases = classifier.classify(res.inputs, held)
+        t1 = time.perf_counter()
+        ws.attribute(res.inputs, now=10.0, phases=phases)
+        t_attr.append(time.perf_counter() - t1)
+        t_class.append(t1 - t)
+
     med = statistics.median
     total = med(t_delta) + med(t_reduce) + med(t_keys)
     obs = med(t_observe)
@@ -210,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({target_t}: {verdict(obs < TARGET_SECONDS)})",
         ),
     ]
+    rows_out.append(("breakdown: PhaseClassifier.classify", med(t_class), ""))
+    rows_out.append(("windows.attribute (combined + 1 window)", med(t_attr), ""))
     for label, sec, note in rows_out:
         print(f"  {label:<46} {sec * 1e3:8.1f} ms   {note}")
     print(f"  {'per engine (whole poll)':<46} {obs / n_engines * 1e6:8.1f} us")

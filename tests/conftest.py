@@ -57,6 +57,7 @@ SLOW_TESTS = (
     "tests/cli/test_policy_version_file.py",
     "tests/cli/test_readme_commands.py",
     "tests/collector/test_architecture.py::test_sharded_shards_receive_every_option",
+    "tests/collector/test_engine_time.py",
     "tests/collector/test_fleet_changes.py::test_watch_follows_an_endpoints_file",
     "tests/collector/test_health.py::test_condition_names_the_sick_engine_and_only_it",
     "tests/collector/test_health.py::test_healthy_fleet_reports_nothing",

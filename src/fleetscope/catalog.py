@@ -222,6 +222,8 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 RL_OPERATIONS = "vllm:rl_weight_update_operation_duration_seconds"
 #: vLLM's sleep state per engine (``sleep_state`` = awake / weights_offloaded / discard_all)
 SLEEP_STATE_FAMILY = "vllm:engine_sleep_state"
+#: SGLang's own count of the seconds its scheduler had nothing runnable or queued (per engine)
+SCHEDULER_IDLE_FAMILY = "sglang:scheduler_idle_seconds"
 OPERATION_FAMILIES: dict[str, str] = {
     RL_OPERATIONS: "vllm:rl_weight_update_operations_in_flight",
     "vllm:sleep_mode_operation_duration_seconds": "vllm:sleep_mode_operations_in_flight",
@@ -252,6 +254,8 @@ TTFT = "time_to_first_token_seconds"
 TPOT = "request_time_per_output_token_seconds"
 ITL = "inter_token_latency_seconds"
 E2E = "e2e_request_latency_seconds"
+#: the seconds each finished request spent running (prefill + decode), per engine
+INFERENCE_TIME = "request_inference_time_seconds"
 
 _SERIES_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created", "_info")
 

@@ -166,7 +166,9 @@ class SimEndpoint(EndpointExposition, EndpointHTTPAnswers, EndpointFaultInjectio
     def _step_to(self, t_end: float) -> None:
         dt = max(0.0, t_end - self._last_step_sim)
         self._last_step_sim = t_end
+        syncing = "syncing" if self.rl.transfer.active else None  # the truth's phase override
         for engine in self.engines:
+            engine.truth.phases.override = syncing
             engine.step(t_end)
         busy = sum(e.num_running for e in self.engines)
         self._process.cpu_seconds += dt * (0.05 + 0.9 * min(1.0, busy / 8.0))

@@ -30,6 +30,7 @@ from collections import deque
 
 from .engine_load import LoadProfile, SimRequest
 from .engine_metrics import EngineMetrics
+from .ledger import SATURATED_KV
 
 
 class EngineScheduler(EngineMetrics):
@@ -103,6 +104,7 @@ class EngineScheduler(EngineMetrics):
         while self._next_arrival < t_end:
             self._pending.append(self._new_request(self._next_arrival))
             self._next_arrival = self._draw_next_arrival(self._next_arrival)
+        phases = self.truth.phases
         if not (self.stalled or self.scheduler_paused or self.sleeping_tags):
             while self.now < t_end:
                 self._enqueue_arrivals(self.now)
@@ -113,12 +115,18 @@ class EngineScheduler(EngineMetrics):
                         nxt = min(nxt, self._pending[0].arrival)
                     if waiting:
                         nxt = min(nxt, waiting[0].ready_at)
+                    phases.add("idle", nxt - self.now)
                     self.now = max(nxt, self.now)
                     if nxt >= t_end:
                         break
                     continue
-                if not self._fused_decode(t_end):
+                t0 = self.now
+                if self._fused_decode(t_end):
+                    phases.add(self._step_phase(False), self.now - t0)
+                else:
                     self._iterate()
+        else:
+            phases.add(self._held_phase(), t_end - self.now)
         self.now = max(self.now, t_end)
         self._enqueue_arrivals(self.now)
         self._flush_step()
@@ -140,7 +148,9 @@ class EngineScheduler(EngineMetrics):
         prefill_reqs, prefill_tokens = self._admit(now, decode_reqs)
         if preempted:
             self._inc("vllm:num_preemptions_total", preempted)
+        phase = self._step_phase(bool(preempted))
         if not decode_reqs and not prefill_reqs:
+            self.truth.phases.add("idle" if phase == "busy" else phase, lp.step_seconds_base)
             self.now = now + lp.step_seconds_base
             return
         # 3. run the iteration.
@@ -152,6 +162,7 @@ class EngineScheduler(EngineMetrics):
         ) * self.slowdown
         t = now + duration
         self.now = t
+        self.truth.phases.add(phase, duration)
         # 4. emit one token per scheduled request.
         context_tokens = self._emit_tokens(t, decode_reqs, prefill_reqs)
         step_tokens = prefill_tokens + n_seqs
@@ -165,6 +176,22 @@ class EngineScheduler(EngineMetrics):
         # 5. finish requests.
         if any(r.generated >= r.end_at for r in running):
             self._finish_done(t)
+
+    def _step_phase(self, preempted: bool) -> str:
+        """The truth's phase of an engine step, after its admission: ``saturated`` when it
+        preempted, a request ready to run is still waiting (no capacity for it) or the KV cache
+        is at least ``SATURATED_KV`` full; else ``busy``."""
+        waiting = self._waiting
+        blocked = bool(waiting) and waiting[0].ready_at <= self.now
+        full = self.used_blocks >= SATURATED_KV * self.total_blocks
+        return "saturated" if preempted or blocked or full else "busy"
+
+    def _held_phase(self) -> str:
+        """The truth's phase of a step that runs nothing: ``paused`` (paused or asleep);
+        stalled (a fault: nothing generated), what its queues hold."""
+        if self.scheduler_paused or self.sleeping_tags:
+            return "paused"
+        return self._step_phase(False) if self._running or self._waiting else "idle"
 
     def _reserve_decode_blocks(self) -> int:
         """One more token for every running request needs at most one more KV block each;

@@ -154,6 +154,34 @@ class Ledger:
         return out
 
 
+#: what a simulated engine's time goes to (the truth of fleetscope's engine-time breakdown)
+PHASES: tuple[str, ...] = ("idle", "busy", "saturated", "paused", "syncing")
+#: KV usage at or above which an engine step counts as saturated (as fleetscope's default
+#: ``HealthThresholds.kv_full``)
+SATURATED_KV = 0.95
+
+
+class PhaseSeconds:
+    """Simulated seconds one engine spent in each phase (:data:`PHASES`), never reset.
+
+    Recorded by the load model as it runs (:mod:`~fleetscope_sim.engine_scheduler`): every
+    engine step is ``busy``, or ``saturated`` when it preempted, left a request ready to run
+    waiting for capacity, or ran with the KV cache at least :data:`SATURATED_KV` full; the time
+    with nothing to run is ``idle``; a step while the scheduler is paused or asleep ``paused``.
+    ``override`` (set by the endpoint for a step: ``syncing`` while a weight transfer is
+    active) takes every second of that step instead."""
+
+    __slots__ = ("override", "seconds")
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.override: str | None = None
+
+    def add(self, phase: str, seconds: float) -> None:
+        if seconds > 0:
+            self.seconds[self.override or phase] += seconds
+
+
 class Truth(Ledger):
     """Exact ground truth of one engine (or of one API server's own families).
 
@@ -167,6 +195,7 @@ class Truth(Ledger):
         gauges: exported gauge values after the latest step: family -> key -> value.
         gauge_history: ``(sim_time, gauges)`` after every step (kept when
             ``record_observations``).
+        phases: the engine's seconds per phase (:class:`PhaseSeconds`).
     """
 
     def __init__(self, record_observations: bool = False) -> None:
@@ -176,3 +205,4 @@ class Truth(Ledger):
         self.lost_at_restart: list[dict[str, dict[SeriesKey, float]]] = []
         self.gauges: dict[str, dict[SeriesKey, float]] = {}
         self.gauge_history: list[tuple[float, dict[str, dict[SeriesKey, float]]]] = []
+        self.phases = PhaseSeconds()

@@ -433,3 +433,72 @@ def test_panels_of_mixed_and_sglang_fleets_are_emitted(roles: list[Role | None])
     titles = [p.title for p in ww.inference_panels(disaggregated, engines=("sglang",))]
     assert any(t.startswith("SGLang ITL") for t in titles)
     assert not any(t.startswith("Truncation") for t in titles)
+
+
+# --------------------------------------------------------------------------- engine time
+
+
+async def _window_keys(roles: list[Role | None]) -> set[str]:
+    """Every key of a run with a ``train`` and an ``eval`` window (simulated time)."""
+    from support.simsource import SimSource
+
+    fleet = SimFleet.build(len(roles), dp=2, roles=roles, seed=11)
+    fleet.step(3.0)
+    c = Collector(source=SimSource(fleet), interval=3600, fetch_model_info=False)
+    keys: set[str] = set()
+    await c.poll()
+    for label in ("train", "eval"):
+        w = c.window(label)
+        fleet.step(1.0)
+        await w.astart()
+        for _ in range(3):
+            fleet.step(1.0)
+            keys |= set((await c.poll()).keys)
+        fleet.step(1.0)
+        keys |= set(await w.astop())
+    await c.stop()
+    return keys
+
+
+@pytest.mark.parametrize("roles", [[None, None], ["prefill", "decode"]])
+def test_every_engine_time_panel_key_is_emitted(roles: list[Role | None]) -> None:
+    emitted = asyncio.run(_window_keys(roles))
+    disaggregated = roles[0] is not None
+    panels = ww.breakdown_panels(("train", "eval"), disaggregated)
+    assert len(panels) == (6 if disaggregated else 2)  # a panel per window (and role)
+    assert _missing(panels, emitted) == {}
+    assert all(len(p.keys) == 5 for p in panels)
+    assert _missing(ww.breakdown_panels(["rollout"], disaggregated), emitted)  # never stopped
+
+
+def test_publish_adds_an_engine_time_section_for_the_windows_given(
+    fake: tuple[FakeWandb, Any],
+) -> None:
+    backend, module = fake
+    assert _publish(module, False, name="fleet").action == "created"
+    assert _publish(module, False, name="fleet", windows=["train"]).action == "updated"
+    view = backend.ws.Workspace._from_model(backend.views["nw-view1-v"])
+    assert [s.name for s in view.sections] == ["Inference", "RL loop", "Engine time"]
+    (section,) = [s for s in view.sections if s.name == ww.BREAKDOWN_SECTION_NAME]
+    assert [[y.name for y in p.y] for p in section.panels] == [
+        list(p.keys) for p in ww.breakdown_panels(["train"], False)
+    ]
+    assert _publish(module, False, name="fleet", windows=["train"]).action == "unchanged"
+
+
+def test_cli_dry_run_shows_a_panel_per_window() -> None:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        argv = ["dashboard", "wandb", "--entity", "e", "--project", "p", "--dry-run", "--plain"]
+        assert main(argv) == 0
+    spec = json.loads(out.getvalue())
+    assert spec["breakdown_section"] == "Engine time"
+    assert [p["keys"][0] for p in spec["breakdown_panels"]] == [
+        "inference/train/agg/engine_time/idle_share",
+        "inference/eval/agg/engine_time/idle_share",
+    ]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main([*argv, "--window", "rollout"]) == 0
+    titles = [p["title"] for p in json.loads(out.getvalue())["breakdown_panels"]]
+    assert len(titles) == 1 and "rollout" in titles[0]

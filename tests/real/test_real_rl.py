@@ -13,6 +13,7 @@ import pytest
 from fleetscope.collector.core import FleetView
 from fleetscope.identity import EngineId
 from fleetscope.rl.versions import generation_delta
+from fleetscope.sinks.terminal import window_lines
 from real import bodies as B
 from real.rl_scenario import ROLES, VERSIONS, WINDOW, Call, RLRun
 from real.scenario import RealRun
@@ -418,3 +419,50 @@ def test_operation_histograms_equal_promql(real_run: RealRun, real_rl: RLRun, ki
             win = f"inference/{WINDOW}/{ep}/{child}"
             assert real_rl.window[f"{win}/delta"] == n, op
             assert real_rl.window[f"{win}_sum/delta"] == pytest.approx(seconds[op], rel=1e-12)
+
+
+def test_engine_time_of_the_window_follows_its_polls_and_syncs(real_rl: RLRun) -> None:
+    """The engine-time breakdown (docs/rules.md §3.13) over the window: its engine-seconds are
+    the engines' own intervals of its polls, and its syncing ones those of the two syncs' polls
+    (from each entry poll, exclusive, to its exit poll), to the float."""
+    names = [p for p, _ in real_rl.views]
+
+    def seconds(first: str, last: str) -> float:
+        """Engine-seconds of the polls after ``first`` up to ``last`` (inclusive)."""
+        i, j = names.index(first), names.index(last)
+        return math.fsum(
+            inp.delta.seconds
+            for _, view in real_rl.views[i + 1 : j + 1]
+            for inp in view.result.inputs
+            if inp.is_engine and not inp.delta.baseline_only
+        )
+
+    b = f"inference/{WINDOW}/agg/engine_time"
+    w = real_rl.window
+    print("\nengine time, window rollout:", *window_lines(w))
+    total = w[f"{b}/engine_seconds"]
+    assert total == pytest.approx(seconds("window_start", "window_stop"), rel=1e-9)
+    phases = ("idle", "busy", "saturated", "paused", "syncing")
+    assert math.fsum(w[f"{b}/{p}_share"] for p in phases) == pytest.approx(1.0, abs=1e-12)
+    syncing = seconds("sync1_enter", "sync1_exit") + seconds("sync2_enter", "sync2_exit")
+    assert total * w[f"{b}/syncing_share"] == pytest.approx(syncing, rel=1e-9)
+    verdicts = {"engines_idle", "engines_saturated", "weight_sync", "paused", "balanced"}
+    assert real_rl.summary[f"inference_summary/{WINDOW}/bottleneck"] in verdicts
+    # before the window: server0's pause and server1's sleep were `paused`, each of its engines
+    # for at least the polls the test made while it lasted
+    s = real_rl.summary
+    for endpoint, phase in (("server0", "paused"), ("server1", "asleep")):
+        held = [v for p, v in real_rl.views if p == phase]
+        least = math.fsum(
+            inp.delta.seconds
+            for view in held
+            for inp in view.result.inputs
+            if inp.is_engine and inp.engine_id.startswith(endpoint + ".")
+        )
+        got = sum(
+            s[f"inference_summary/combined/{e}/engine_time/engine_seconds"]
+            * s[f"inference_summary/combined/{e}/engine_time/paused_share"]
+            for e in {i.engine_id for v in held for i in v.result.inputs if i.is_engine}
+            if e.startswith(endpoint + ".")
+        )
+        assert least > 0 and got >= least - 1e-9, (endpoint, got, least)

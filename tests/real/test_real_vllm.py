@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from fleetscope.sinks.terminal import window_lines
 from real import bodies as B
 from real.scenario import GROUP, KIND, WINDOW, RealRun
 
@@ -289,3 +290,25 @@ def test_vllm_ignores_accept_and_writes_colon_names(real_run: RealRun) -> None:
             ln for ln in text.splitlines() if ln.startswith("vllm:")
         ]
     assert _prom_name(real_run, "vllm:request_success_total") == "vllm:request_success_total"
+
+
+def test_engine_time_of_the_load_window(real_run: RealRun) -> None:
+    """docs/rules.md §3.13 on real engines: the load window's shares sum to 1 in every scope
+    and for every engine, and the engines served the load (busy or saturated time): its
+    requests are short (~0.2 s) and a loaded machine polls seldom, so many start and finish
+    between two scrapes that find nothing running, and count by their own running seconds
+    (server0's: the DP server shows no gauge before its first step, so its first interval has
+    no known start and is judged at its end)."""
+    w = real_run.window_keys
+    phases = ("idle", "busy", "saturated", "paused", "syncing")
+    print("\nengine time, window load:", *window_lines(w))
+    for scope in [*scopes(real_run), *ENGINES]:
+        b = f"inference/{WINDOW}/{scope}/engine_time"
+        assert math.fsum(w[f"{b}/{p}_share"] for p in phases) == pytest.approx(1.0, abs=1e-12)
+        assert w[f"{b}/paused_share"] == 0.0 and w[f"{b}/syncing_share"] == 0.0
+        if scope in ("agg", "server0.0"):
+            assert w[f"{b}/busy_share"] + w[f"{b}/saturated_share"] > 0, scope
+    b = f"inference/{WINDOW}/agg/engine_time"
+    tokens = w[wkey("agg", "generation_tokens_total", "delta")]
+    busy = w[f"{b}/engine_seconds"] * (w[f"{b}/busy_share"] + w[f"{b}/saturated_share"])
+    assert w[f"{b}/tokens_per_busy_engine_second"] == pytest.approx(tokens / busy, rel=REL)

@@ -150,14 +150,20 @@ def add_grafana_parsers(sub: Subcommands) -> None:
 def cmd_dashboard_wandb(args: argparse.Namespace) -> int:
     from fleetscope.dashboards import wandb_workspace as ww
 
+    if args.window is None:
+        args.window = ["train", "eval"]
+
     if args.dry_run:  # the panels only, no W&B call
         disagg = args.mode == "role-aware"
         panels = ww.inference_panels(disagg, args.prefix)
+        breakdown = ww.breakdown_panels(args.window, disagg, args.prefix)
         out = {
             "name": args.name or ww.default_view_name(disagg),
             "section": ww.SECTION_NAME,
             "disaggregated": disagg,
             "panels": [{"title": p.title, "keys": list(p.keys)} for p in panels],
+            "breakdown_section": ww.BREAKDOWN_SECTION_NAME,
+            "breakdown_panels": [{"title": p.title, "keys": list(p.keys)} for p in breakdown],
         }
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -174,6 +180,7 @@ def cmd_dashboard_wandb(args: argparse.Namespace) -> int:
             name=args.name,
             prefix=args.prefix,
             x_axis=args.x_axis,
+            windows=args.window,
         )
     except Exception as e:
         print(f"fleetscope dashboard wandb: {type(e).__name__}: {e}", file=sys.stderr)
@@ -223,6 +230,14 @@ def add_wandb_dashboard_parser(sub: Subcommands) -> None:
     w.add_argument("--name", default=None, help="view name (default: fleetscope: inference...)")
     w.add_argument("--prefix", default="inference", help="key prefix the runs log (inference)")
     w.add_argument("--x-axis", default="WallTime", help="x axis of every panel (WallTime)")
+    w.add_argument(
+        "--window",
+        action="append",
+        default=None,
+        metavar="LABEL",
+        help="a window label the runs use: an Engine time panel for it (idle / busy / "
+        "saturated / paused / syncing shares at each stop); repeat (default: train, eval)",
+    )
     w.add_argument(
         "--dry-run",
         action="store_true",

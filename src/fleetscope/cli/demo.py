@@ -137,6 +137,8 @@ def print_report(result: DemoResult) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from fleetscope.sinks.terminal import engine_time_table
+
     c = Console()
     s = result.summary
     c.rule("[bold]fleetscope demo: done")
@@ -168,6 +170,9 @@ def print_report(result: DemoResult) -> None:
             "—" if cov is None else f"{cov:.0%}",
         )
     c.print(t)
+    breakdown = engine_time_table(s)  # where the engines' time went, and the verdict
+    if breakdown is not None:
+        c.print(breakdown)
     c.print(f"polls: {result.polls}   run_status: {s.get('run_status')}")
     kinds = {k.rsplit("/", 2)[-2]: v for k, v in s.items() if k.endswith("/engine_version") and v}
     if kinds:

@@ -42,6 +42,8 @@ from typing import Literal
 
 from fleetscope import catalog
 from fleetscope.health import CONDITIONS
+from fleetscope.keys.breakdown import share_key
+from fleetscope.stats.breakdown import PHASES
 
 SECTION_NAME = "Inference"
 DEFAULT_NAME = "fleetscope: inference"
@@ -203,6 +205,31 @@ def inference_panels(
             tuple(f"{prefix}/health/{c}" for c in CONDITIONS),
         )
     )
+    return panels
+
+
+#: the section of the engine-time breakdown: one panel per window (docs/rules.md §3.13)
+BREAKDOWN_SECTION_NAME = "Engine time"
+
+
+def breakdown_panels(
+    windows: Iterable[str], disaggregated: bool, prefix: str = "inference"
+) -> list[Panel]:
+    """One panel per window label: the shares of its engine-seconds that were idle, busy,
+    saturated, paused and syncing, logged at each of its stops (``agg``; and a panel per role
+    when ``disaggregated``: which side is the bottleneck)."""
+    scopes = ("agg", "prefill", "decode") if disaggregated else ("agg",)
+    panels = []
+    for label in dict.fromkeys(windows):
+        for scope in scopes:
+            where = "" if scope == "agg" else f", {scope}"
+            panels.append(
+                Panel(
+                    f"Engine time, window {label}{where}: idle / busy / saturated / paused / "
+                    "syncing shares",
+                    tuple(f"{prefix}/{label}/{scope}/{share_key(p)}" for p in PHASES),
+                )
+            )
     return panels
 
 

@@ -1,6 +1,7 @@
 """Publishing the workspace to W&B and reading back what a project logs.
 
-* :func:`publish_workspace` saves the ``Inference`` and ``RL loop`` sections as a W&B saved
+* :func:`publish_workspace` saves the ``Inference`` and ``RL loop`` sections (and ``Engine
+  time``, a panel per window, when given the runs' window labels) as a W&B saved
   view (needs the W&B cloud and an API key): it looks up the project's views with the same
   name, skips if one already holds the same panels, updates an existing one in place if they
   differ (keeping its other sections), and creates a view only when none exists.
@@ -16,8 +17,10 @@ from typing import Any, Literal
 
 from fleetscope.dashboards._rl_panels import RL_SECTION_NAME, rl_panels
 from fleetscope.dashboards._wandb_panels import (
+    BREAKDOWN_SECTION_NAME,
     SECTION_NAME,
     Panel,
+    breakdown_panels,
     default_view_name,
     inference_panels,
 )
@@ -160,8 +163,11 @@ def publish_workspace(
     x_axis: str = DEFAULT_X_AXIS,
     wandb_workspaces: Any = None,
     api: Any = None,
+    windows: Sequence[str] = (),
 ) -> PublishResult:
-    """Save the inference section as the W&B view ``name`` of ``entity/project``, reusing.
+    """Save the inference section as the W&B view ``name`` of ``entity/project``, reusing;
+    ``windows``: the window labels the runs use, one engine-time panel each (an ``Engine
+    time`` section, docs/rules.md §3.13).
 
     An existing view of that name that already holds identical panels is left alone
     (``unchanged``); one whose ``Inference`` section differs (or lacks it) gets the section
@@ -182,6 +188,15 @@ def publish_workspace(
             name=RL_SECTION_NAME,
         ),
     ]
+    if windows:
+        ours.append(
+            build_section(
+                breakdown_panels(windows, disaggregated, prefix),
+                x_axis=x_axis,
+                wandb_workspaces=mods,
+                name=BREAKDOWN_SECTION_NAME,
+            )
+        )
     want = [section_fingerprint(s) for s in ours]
     existing = find_views(entity, project, name, wandb_workspaces=mods, api=api)
     for view in existing:

@@ -1,9 +1,10 @@
 """A W&B workspace for fleetscope runs, generated from code with ``wandb-workspaces``.
 
-Two sections: ``RL loop`` (:mod:`fleetscope.dashboards._rl_panels`: weight updates, pauses,
-versions, syncs) and ``Inference`` (:mod:`fleetscope.dashboards._wandb_panels`: each panel pairs
+Three sections: ``RL loop`` (:mod:`fleetscope.dashboards._rl_panels`: weight updates, pauses,
+versions, syncs), ``Inference`` (:mod:`fleetscope.dashboards._wandb_panels`: each panel pairs
 the fleet aggregate with the cross-engine tail that flags one sick engine, role-aware in
-disaggregated runs).
+disaggregated runs) and, given the runs' window labels, ``Engine time`` (a panel per window:
+where the engines' time went, docs/rules.md §3.13).
 
 * :func:`inference_panels` is the pure panel spec (titles and key names; tested against the
   keys the collector really emits).
@@ -17,12 +18,14 @@ Every name is re-exported here: import them (and look them up, e.g. to patch) fr
 from __future__ import annotations
 
 from fleetscope.dashboards._wandb_panels import (
+    BREAKDOWN_SECTION_NAME,
     DEFAULT_NAME,
     DEFAULT_NAME_DISAGGREGATED,
     ENGINE_KINDS,
     SECTION_NAME,
     Panel,
     Role,
+    breakdown_panels,
     default_view_name,
     inference_panels,
     panel_keys,
@@ -38,6 +41,7 @@ from fleetscope.dashboards._wandb_publish import (
 )
 
 __all__ = [
+    "BREAKDOWN_SECTION_NAME",
     "DEFAULT_NAME",
     "DEFAULT_NAME_DISAGGREGATED",
     "DEFAULT_X_AXIS",
@@ -46,6 +50,7 @@ __all__ = [
     "Panel",
     "PublishResult",
     "Role",
+    "breakdown_panels",
     "build_section",
     "default_view_name",
     "detect_disaggregated",

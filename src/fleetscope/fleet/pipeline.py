@@ -25,6 +25,7 @@ from fleetscope.rl.versions import PolicyVersions
 from fleetscope.rl.view import EndpointInfo, endpoint_info
 from fleetscope.rl.weight_sync import WeightSyncs
 from fleetscope.sources.base import Departure, ScrapeResult
+from fleetscope.stats.breakdown import PhaseClassifier
 from fleetscope.stats.reduce import EngineInput
 from fleetscope.stats.windows import Window, WindowSet
 from fleetscope.util.warn import RateLimitedWarner
@@ -51,6 +52,8 @@ class PollPipeline:
         self.versions = PolicyVersions(stale_seconds=config.health_thresholds.stale_seconds)
         self.syncs = WeightSyncs()
         self.states = EngineStates(config.rl_probes)  # paused / asleep engine-seconds
+        # where the engines' time went: idle, busy, saturated, paused, syncing
+        self.engine_time = PhaseClassifier(config.health_thresholds.kv_full)
         self._info: dict[str, EndpointInfo] = {}
         self._answered: set[str] = set()  # endpoints that answered at least once
         self._last_shown: float | None = None  # scrape time of the last row that showed rates
@@ -90,6 +93,13 @@ class PollPipeline:
                 now=result.time,
                 failed_scrapes=sum(1 for s in scrapes if not s.ok),
                 unseen=self._unseen(scrapes),
+                # each engine's interval in one class (docs/rules.md §3.13); a sync open over
+                # this interval: the same rule as the paused engine-seconds' below
+                phases=self.engine_time.classify(
+                    result.inputs,
+                    self.states.held(result.inputs),
+                    syncing=self.syncs.open_count > 0,
+                ),
             )
             for endpoint, lost in answers.items():
                 self.windows.endpoint_answers(endpoint, lost=lost)

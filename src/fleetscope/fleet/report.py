@@ -17,6 +17,7 @@ from fleetscope.keys import (
     skyrl_interval_keys,
     summary_prefix,
 )
+from fleetscope.keys.breakdown import breakdown_keys
 from fleetscope.rl.operations import accumulator_rows, operation_keys
 from fleetscope.stats.reduce import PollStats
 from fleetscope.stats.windows import COMBINED, Accumulator
@@ -90,9 +91,13 @@ def accumulator_keys(
     }
     base = (summary_prefix(options) if summary else key_prefix(options)) + "/" + label
     if options.schema == "skyrl":
-        return skyrl_interval_keys(stats, base, meta, summary=summary)
+        out = skyrl_interval_keys(stats, base, meta, summary=summary)
+        out.update(breakdown_keys(acc.engines, stats, base, summary=summary, per_engine_keys=False))
+        return out
     out = interval_keys(stats, base, meta)
     out.update(operation_keys(accumulator_rows(acc.engines), base))
+    # where the engines' time went, who holds the latency tail (docs/rules.md §3.13)
+    out.update(breakdown_keys(acc.engines, stats, base, summary=summary))
     return out
 
 

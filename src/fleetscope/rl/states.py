@@ -146,6 +146,24 @@ class EngineStates:
             self._attribute(sums, active_windows, boundary)
             return _poll_keys(prefix, counts, sums, boundary)
 
+    def held(self, inputs: Sequence[EngineInput]) -> list[bool]:
+        """Per input: its engine was paused or asleep at this scrape, by the rule of
+        :meth:`poll` (False for an endpoint's own row, or when neither is known): what the
+        engine-time breakdown calls ``paused`` (docs/rules.md §3.13)."""
+        answers: dict[str, tuple[bool | None, bool | None]] = {}
+        out: list[bool] = []
+        for inp in inputs:
+            if not inp.is_engine:
+                out.append(False)
+                continue
+            ep = endpoint_of(inp.engine_id)
+            known = answers.get(ep)
+            if known is None:
+                known = answers[ep] = (self.paused.get(ep), self.sleeping.get(ep))
+            asleep = asleep_from_gauge(inp.delta.current)
+            out.append(bool(known[0]) or bool(known[1] if asleep is None else asleep))
+        return out
+
     def _observe(
         self, inputs: Iterable[EngineInput], syncing: bool
     ) -> tuple[dict[str, list[float]], dict[str, list[int]], dict[str, dict[str, Any]]]:

@@ -210,6 +210,8 @@ SUMMARY_HEADLINES: frozenset[tuple[str, str]] = frozenset(
         (catalog.TTFT, "p90_clamped"),
         (catalog.TPOT, "p90"),
         (catalog.TPOT, "p90_clamped"),
+        (catalog.E2E, "tail_held_by"),  # the engines that hold the latency tails
+        (catalog.TTFT, "tail_held_by"),
     }
 )
 

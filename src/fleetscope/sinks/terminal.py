@@ -12,6 +12,12 @@ from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from fleetscope import catalog
+from fleetscope.sinks._terminal_breakdown import (
+    EngineTimeRow,
+    engine_time_rows,
+    engine_time_table,
+    window_lines,
+)
 from fleetscope.sinks._terminal_layout import (
     COLUMNS,
     column_in_use,
@@ -41,14 +47,18 @@ __all__ = [
     "COLUMNS",
     "STATUS",
     "EngineRow",
+    "EngineTimeRow",
     "TerminalSink",
     "engine_rows",
+    "engine_time_rows",
+    "engine_time_table",
     "fit_rows",
     "fmt_count",
     "fmt_rate",
     "fmt_seconds",
     "poll_line",
     "row_cells",
+    "window_lines",
 ]
 
 
@@ -165,11 +175,17 @@ class TerminalSink:
         return poll_line(self.title, result, rows)
 
     def log_poll(self, result: PollResult) -> None:
+        windows = window_lines(result.keys)  # the windows that stopped at this poll
         if self.compact and not self.live:
             line = self.log_line(result)
             with self._lock:
-                self.console.print(line, soft_wrap=True, markup=False, highlight=False)
+                for text in (line, *windows):
+                    self.console.print(text, soft_wrap=True, markup=False, highlight=False)
             return
+        if windows:
+            with self._lock:  # above the live view, which keeps redrawing below them
+                for text in windows:
+                    self.console.print(text, soft_wrap=True, markup=False, highlight=False)
         if self.live and self._live is not None and result.held:
             return  # a held row has no rates: the view keeps the last figures it showed
         renderable = self.render(result)
@@ -202,9 +218,12 @@ class TerminalSink:
             table.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
         if len(shown) < len(summary):
             table.caption = f"{len(shown)} of {len(summary)} keys; all of them in the other sinks"
+        breakdown = engine_time_table(summary)
         with self._lock:
             self._stop_live()
             self.console.print(table)
+            if breakdown is not None:
+                self.console.print(breakdown)
 
     def _redirect_log_handlers(self) -> None:
         """Point logging's stream handlers at rich's stdout/stderr proxies while the view is live.

@@ -19,7 +19,7 @@ Pure bookkeeping: the collector supplies the clock readings and the polls.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,9 +81,11 @@ class Accumulator:
         failed_scrapes: int = 0,
         unseen: Collection[str] = (),
         elapsed: float = 0.0,
+        phases: Sequence[tuple[int, float, float] | None] | None = None,
     ) -> None:
-        """One poll's deltas; the ``unseen`` endpoints of the fleet never answered, for the
-        ``elapsed`` seconds since the previous poll."""
+        """One poll's deltas; ``unseen`` endpoints of the fleet never answered, for the
+        ``elapsed`` seconds since the previous poll; ``phases``: each input's class
+        (:mod:`fleetscope.stats.breakdown`), summed where its delta is."""
         self.polls += 1
         self.failed_scrapes += failed_scrapes
         for endpoint in unseen:
@@ -96,7 +98,7 @@ class Accumulator:
         # the sums of every engine of one layout are added as one matrix (see _add_rows)
         by_layout: dict[EngineLayout, list[tuple[EngineDelta, EngineSum]]] = {}
         pending: set[str] = set()
-        for inp in inputs:
+        for i, inp in enumerate(inputs):
             d = inp.delta
             if inp.engine_id in pending:  # the same engine twice: its first delta goes first
                 for layout, rows in by_layout.items():
@@ -130,6 +132,8 @@ class Accumulator:
                 continue  # its first counts began before the window: not the window's
             acc.covered += d.observed_seconds  # a restart's unseen tail is not covered
             acc.spanned += d.seconds
+            if phases is not None and (ph := phases[i]) is not None:
+                acc.add_phase(ph)
             # an endpoint's own row restarts with its engines: its tail is theirs, counted
             # once per engine (its own series' resets without a restart still count)
             if d.tail_unseen and (inp.is_engine or not d.restarted):

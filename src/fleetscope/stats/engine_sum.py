@@ -11,6 +11,15 @@ from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
 from fleetscope.identity import Role
 from fleetscope.stats.deltas import EngineDelta
 
+#: engine-seconds per class of :mod:`fleetscope.stats.breakdown` (idle, busy, saturated, paused,
+#: syncing)
+N_PHASES = 5
+IDLE_PHASE = 0
+
+
+def no_phases() -> list[float]:
+    return [0.0] * N_PHASES
+
 
 @dataclass
 class EngineSum:
@@ -31,6 +40,14 @@ class EngineSum:
     # and lazily created children are absent until first used) keeps what it summed so far
     # and gets it back when it returns.
     retired: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+    phases: list[float] = field(default_factory=no_phases)  # engine-seconds per class
+
+    def add_phase(self, phase: tuple[int, float, float]) -> None:
+        """One interval's class: (class, its seconds, idle seconds beside them)."""
+        k, seconds, idle = phase
+        self.phases[k] += seconds
+        if idle:
+            self.phases[IDLE_PHASE] += idle
 
     def realign(self, layout: EngineLayout) -> None:
         """Carry sums over to a new layout of the same engine (series come and go)."""
@@ -111,6 +128,7 @@ def copy_engine_sum(a: EngineSum) -> EngineSum:
         is_engine=a.is_engine,
         restarts=a.restarts,
         retired=dict(a.retired),
+        phases=list(a.phases),
     )
 
 
@@ -126,6 +144,7 @@ def add_sum(acc: EngineSum, o: EngineSum) -> None:
     acc.covered += o2.covered
     acc.spanned += o2.spanned
     acc.restarts += o2.restarts
+    acc.phases = [x + y for x, y in zip(acc.phases, o.phases, strict=True)]
     for sid, vals in o2.retired.items():  # absent from both layouts
         acc.retired[sid] = combine_retired(acc.retired.get(sid), vals)
     if o2.gauge_area is not None:

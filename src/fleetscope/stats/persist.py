@@ -20,7 +20,7 @@ from fleetscope.exposition.snapshot import (
     HistogramSeries,
 )
 from fleetscope.identity import EngineId
-from fleetscope.stats.engine_sum import EngineSum
+from fleetscope.stats.engine_sum import N_PHASES, EngineSum, no_phases
 
 
 def engine_to_data(eid: str, a: EngineSum) -> dict[str, Any]:
@@ -42,6 +42,7 @@ def engine_to_data(eid: str, a: EngineSum) -> dict[str, Any]:
         "is_engine": a.is_engine,
         "restarts": a.restarts,
         "retired": {k: [_jsonable(x) for x in v] for k, v in a.retired.items()},
+        "phases": list(a.phases),
     }
 
 
@@ -72,7 +73,16 @@ def engine_from_data(e: Mapping[str, Any]) -> tuple[EngineId, EngineSum]:
             k: (_from_json(v[0]), _from_json(v[1]), _from_json(v[2]), _from_json(v[3]))
             for k, v in e.get("retired", {}).items()
         },
+        phases=_phases(e.get("phases")),
     )
+
+
+def _phases(saved: list[float] | None) -> list[float]:
+    """Engine-seconds per class as saved (a state saved before they were kept: none)."""
+    out = no_phases()
+    for i, v in enumerate((saved or [])[:N_PHASES]):
+        out[i] = float(v)
+    return out
 
 
 _WRITTEN: weakref.WeakKeyDictionary[EngineLayout, dict[str, Any]] = weakref.WeakKeyDictionary()

@@ -13,7 +13,7 @@ and polls.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,9 +174,11 @@ class WindowSet:
         now: float,
         failed_scrapes: int = 0,
         unseen: Collection[str] = (),
+        phases: Sequence[tuple[int, float, float] | None] | None = None,
     ) -> None:
         """Give one poll's deltas to every active window (or to ``idle``) and to the run;
-        ``unseen``: endpoints tried this poll that never answered (docs/bad-data.md §7)."""
+        ``unseen``: endpoints tried this poll that never answered (docs/bad-data.md §7);
+        ``phases``: each input's class (:mod:`fleetscope.stats.breakdown`)."""
         prev = self.last_attributed_time
         self.last_attributed_time = now
         resume = now if self._resume_from is None else self._resume_from
@@ -189,7 +191,9 @@ class WindowSet:
         elapsed = 0.0 if prev is None else max(0.0, now - prev)
 
         def add(acc: Accumulator) -> None:
-            acc.add(inputs, failed_scrapes=failed_scrapes, unseen=unseen, elapsed=elapsed)
+            acc.add(
+                inputs, failed_scrapes=failed_scrapes, unseen=unseen, elapsed=elapsed, phases=phases
+            )
 
         add(self.run[COMBINED])
         self.run[COMBINED].add_seconds(elapsed)
