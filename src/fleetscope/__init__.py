@@ -33,6 +33,7 @@ from fleetscope.sinks.terminal import TerminalSink
 from fleetscope.sources.base import ScrapeResult, Source
 from fleetscope.sources.http.source import Endpoint, HttpSource
 from fleetscope.sources.inprocess import InProcessSource
+from fleetscope.sources.multiproc import MultiprocessSource
 from fleetscope.sources.prometheus import PrometheusSource
 from fleetscope.stats.windows import WindowError
 
@@ -63,6 +64,7 @@ __all__ = [
     "InProcessSource",
     "JsonlSink",
     "MlflowSink",
+    "MultiprocessSource",
     "Parser",
     "PrometheusSource",
     "RayIdentity",
