@@ -67,6 +67,55 @@ async def test_the_registry_read_directly_equals_its_scrape_over_http() -> None:
     await source.aclose()
 
 
+class _Odd(PromCollector):
+    """Families generate_latest writes in its own ways: a sample timestamp, a name and a label
+    outside the legacy character set, an int value, an untyped family, a summary."""
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            SummaryMetricFamily,
+            UnknownMetricFamily,
+        )
+
+        c = CounterMetricFamily("vllm:stamped", "Stamped.", labels=["engine", "odd.label"])
+        c.add_metric(["0", 'a "quoted"\nvalue'], 5, timestamp=1234.5)
+        yield c
+        odd = CounterMetricFamily("vllm:odd-name", "Odd.", labels=["engine"])
+        odd.add_metric(["0"], 7)
+        yield odd
+        u = UnknownMetricFamily("vllm:untyped_thing", "Untyped.", labels=["engine"])
+        u.add_metric(["0"], 2)
+        yield u
+        s = SummaryMetricFamily("vllm:a_summary", "A summary.", labels=["engine"])
+        s.add_metric(["0"], count_value=3, sum_value=1.5)
+        yield s
+
+
+def test_lines_equal_generate_latest_for_every_family_kind() -> None:
+    """Info, Enum (a state set), a summary, timestamps, escaping: the lines parse to the
+    snapshots of ``generate_latest``'s body."""
+    from prometheus_client import Enum, Info, Summary
+
+    from fleetscope.sources.families import LineWriter, family_lines
+
+    reg = CollectorRegistry()
+    tokens, ttft, running = _vllm_metrics(reg)
+    tokens.labels("m", "0").inc(3)
+    ttft.labels("m", "0").observe(0.2)
+    running.labels("m", "0").set(1)
+    Info("vllm:build", "Build.", ["engine"], registry=reg).labels("0").info({"version": "x"})
+    state = Enum("vllm:state", "State.", ["engine"], states=["a", "b"], registry=reg)
+    state.labels("0").state("b")
+    Summary("vllm:latency", "Latency.", ["engine"], registry=reg).labels("0").observe(0.5)
+    reg.register(_Odd())
+    writer = LineWriter()
+    for _ in range(2):  # the second time from the writer's kept heads
+        lines = family_lines(reg.collect(), None, writer)
+        _same_snapshots(parse("\n".join(lines) + "\n"), parse(generate_latest(reg)))
+    assert any(" 1234500" in line for line in lines)  # the timestamp, in milliseconds
+
+
 async def test_keys_windows_and_summary_equal_the_http_source() -> None:
     fleet = SimFleet.build(1, dp=2, seed=11)
     fleet.step(5.0)

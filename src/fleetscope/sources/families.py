@@ -24,7 +24,7 @@ from typing import Protocol
 from fleetscope.catalog import PROCESS_START, SGLANG_PREFIX
 from fleetscope.exposition.textformat import escape_label_value, format_value
 
-__all__ = ["DEFAULT_KEEP", "LineWriter", "MetricFamily", "family_lines", "render_lines"]
+__all__ = ["DEFAULT_KEEP", "LineWriter", "MetricFamily", "family_lines"]
 
 #: what a colocated engine's source reads by default: every vLLM and SGLang family, and the
 #: process start time (restarts; an engine whose process started after a window opened)
@@ -91,8 +91,9 @@ class _Shape:
 
 
 def _value(v: float) -> str:
-    """A sample value as the parser reads it (``repr``; ``NaN``/``+Inf``/``-Inf`` spelt out)."""
-    if v - v == 0:  # finite (NaN and infinities give NaN)
+    """A sample value as the parser reads it (``repr``; ``NaN``/``+Inf``/``-Inf`` spelt out;
+    an int or bool a custom collector gives, as a float)."""
+    if type(v) is float and v - v == 0:  # a finite float (NaN and infinities give NaN)
         return repr(v)
     return format_value(v)
 
@@ -182,8 +183,3 @@ def family_lines(
         if prefixes is None or m.name.startswith(prefixes):
             w.family(m, out)
     return out
-
-
-def render_lines(lines: list[str]) -> str:
-    """The body the lines make (what the parser reads)."""
-    return "\n".join(lines) + "\n" if lines else ""
