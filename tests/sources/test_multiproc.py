@@ -308,3 +308,19 @@ def test_watch_reads_a_multiprocess_directory(tmp_path: Path, workers: list[Work
         check=False,
     )
     assert bad.returncode == 2 and "--multiproc-dir" in bad.stderr
+
+
+async def test_sglang_schedulers_files(tmp_path: Path) -> None:
+    """SGLang's schedulers (one per DP replica) write multiprocess files too: its engines are
+    the ``dp_rank`` values, the engine kind is SGLang's."""
+    for dp in ("0", "1"):
+        labels = {"model_name": "m", "dp_rank": dp, "tp_rank": "0", "engine_type": "unified"}
+        rows = [("sglang:generation_tokens", "sglang:generation_tokens_total", labels, 10.0, 0.0)]
+        write_file(tmp_path, f"counter_7{dp}.db", rows)
+    source = MultiprocessSource(tmp_path)
+    collector = Collector(source=source, interval=3600)
+    view = await collector.poll()
+    await collector.stop()
+    assert view.result.scrapes[0].engine_kind == "sglang"
+    assert set(view.engines) == {"server0.0", "server0.1"}
+    assert view.keys["inference/agg/generation_tokens_total/sum"] == 20
