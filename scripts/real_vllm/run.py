@@ -7,7 +7,9 @@ Phases (each one timed and printed):
 3. two servers on free loopback ports, started together: ``server0`` with one engine and
    ``server1`` with ``--data-parallel-size 2``, each in its own process group, with
    ``VLLM_CACHE_ROOT`` and ``TMPDIR`` in a temporary folder;
-4. ``pytest tests/real`` with the main Python (fleetscope talks to the servers over HTTP);
+4. ``pytest tests/real`` with the main Python (fleetscope talks to the servers over HTTP); last,
+   vLLM in a process of its own watched in-process (``inprocess.py``, the venv's Python with
+   this tree's fleetscope on its ``PYTHONPATH``), compared with ``server0`` given the same prompts;
 5. every server it started is stopped (SIGTERM to its process group, then SIGKILL), always:
    on success, on failure, on Ctrl-C and on SIGTERM; the temporary folder is removed.
 
@@ -338,6 +340,10 @@ def main() -> int:
                 "FLEETSCOPE_REAL_SERVER1": servers[1].url,
                 "FLEETSCOPE_REAL_OUT": str(args.out.resolve()),
                 "FLEETSCOPE_REAL_META": json.dumps(meta),
+                # vLLM in the test's own process (tests/real/test_real_vllm_inprocess.py): the
+                # venv's Python runs it with this tree's fleetscope on its PYTHONPATH
+                "FLEETSCOPE_REAL_VLLM_PYTHON": str(python),
+                "FLEETSCOPE_REAL_MODEL": str(model),
             }
             r = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-s", "tests/real", *args.pytest_args],

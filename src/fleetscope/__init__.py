@@ -32,6 +32,8 @@ from fleetscope.sinks.jsonl import JsonlSink, read_jsonl
 from fleetscope.sinks.terminal import TerminalSink
 from fleetscope.sources.base import ScrapeResult, Source
 from fleetscope.sources.http.source import Endpoint, HttpSource
+from fleetscope.sources.inprocess import InProcessSource
+from fleetscope.sources.multiproc import MultiprocessSource
 from fleetscope.sources.prometheus import PrometheusSource
 from fleetscope.stats.windows import WindowError
 
@@ -59,8 +61,10 @@ __all__ = [
     "HealthEvent",
     "HealthThresholds",
     "HttpSource",
+    "InProcessSource",
     "JsonlSink",
     "MlflowSink",
+    "MultiprocessSource",
     "Parser",
     "PrometheusSource",
     "RayIdentity",

@@ -258,6 +258,24 @@ def check_alerts(argv: list[str], cwd: Path, env: dict[str, str]) -> None:
     assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
 
 
+def check_watch_multiproc(
+    argv: list[str], cwd: Path, env: dict[str, str], procs: list[Proc]
+) -> None:
+    """The README's directory, with the multiprocess files of two API server processes
+    serving one engine; the view prints one line per poll with that engine."""
+    from support.multiproc import counter_rows, write_file
+
+    directory = cwd / argv[argv.index("--multiproc-dir") + 1]
+    directory.mkdir()
+    write_file(directory, "counter_101.db", counter_rows(40.0))
+    write_file(directory, "counter_102.db", counter_rows(2.0))
+    proc = Proc(argv, cwd, env)
+    procs.append(proc)  # killed by the test whatever happens
+    line = re.compile(r"^fleetscope  poll \d+  engines 1/1  ", re.M)
+    proc.wait_for(lambda: bool(line.search("".join(proc.out))), "a poll")
+    assert proc.stop(signal.SIGTERM) == 0, proc.text()
+
+
 def check_watch(
     argv: list[str], cwd: Path, env: dict[str, str], stack: list[FleetServer], procs: list[Proc]
 ) -> None:
@@ -305,6 +323,8 @@ def test_readme_command(command: str, workdir: tuple[Path, dict[str, str]]) -> N
             check_inspect(command, argv, cwd, env)
         elif sub == "watch" and "--once" in argv:
             check_watch_once(argv, cwd, env)
+        elif sub == "watch" and "--multiproc-dir" in argv:
+            check_watch_multiproc(argv, cwd, env, procs)
         elif sub == "watch":
             check_watch(argv, cwd, env, stack, procs)
         elif sub == "alerts":

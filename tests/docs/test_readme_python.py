@@ -8,7 +8,8 @@ What is changed, and only that, each rule listed here and checked to still match
   that role);
 * ``SHORTEN``: waits that stand for a training phase are shortened (exact substrings);
 * ``PRELUDE``/``POSTLUDE``: what a block takes from the reader's program (``vllm_actors``: two
-  actors of a private local Ray) is defined before it, and checked or shut down after it;
+  actors of a private local Ray; ``vllm``: a stand-in engine recording vLLM's metric names,
+  ``support.fake_vllm``) is defined before it, and checked or shut down after it;
 * files a block reads (``before.prom``, ``after.prom``) are real captures copied into its
   working folder.
 
@@ -41,7 +42,14 @@ SHORTEN = {
 
 # a substring that identifies a block -> code run before it / after it
 _RAY_MARK = "fs.RayIdentity.of_actors(vllm_actors"
+_INPROCESS_MARK = "source=fs.InProcessSource()"
 PRELUDE = {
+    _INPROCESS_MARK: """\
+# (test prelude) `import vllm` gives a stand-in engine: no model, vLLM's metric names
+from support.fake_vllm import install
+
+install()
+""",
     _RAY_MARK: """\
 # (test prelude) a private local Ray, and two actors standing in for the reader's vLLM engines
 import ray
@@ -62,6 +70,13 @@ ray.get([a.ready.remote() for a in vllm_actors])
 """,
 }
 POSTLUDE = {
+    _INPROCESS_MARK: """\
+# (test postlude) the window holds exactly the tokens the outputs hold
+assert len(outputs) == 64, len(outputs)
+generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+assert keys["inference/rollout/agg/generation_tokens_total/delta"] == generated == 64 * 64, keys
+assert keys["inference/rollout/agg/request_success_total/delta"] == 64, keys
+""",
     _RAY_MARK: """\
 # (test postlude) the lookup found both actors, with their roles
 assert len(identity.worker_ids) == 2, identity

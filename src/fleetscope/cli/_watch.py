@@ -48,7 +48,8 @@ def endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
                 redact(f"fleetscope: --role takes prefill=URL or decode=URL, not {spec!r}")
             )
         eps.append(Endpoint(url=url, role=role))
-    if not eps and not getattr(args, "endpoints_file", None):
+    elsewhere = ("endpoints_file", "multiproc_dir")  # endpoints that come from elsewhere
+    if not eps and not any(getattr(args, a, None) for a in elsewhere):
         raise SystemExit("fleetscope: give at least one endpoint URL (or --endpoints-file)")
     return eps
 
@@ -65,11 +66,33 @@ def _health_thresholds(args: argparse.Namespace) -> HealthThresholds:
     )
 
 
+def _collector(args: argparse.Namespace, endpoints: Sequence[Endpoint], sinks: Any) -> Collector:
+    """The collector the ``watch`` flags describe: the endpoints over HTTP, or the engines of a
+    multiprocess directory (``--multiproc-dir``); the policy version file followed."""
+    from fleetscope.collector.core import Collector
+
+    options: dict[str, Any] = dict(sinks=sinks, health_thresholds=_health_thresholds(args))
+    options.update(interval=args.interval, timeout=args.timeout, schema=args.schema)
+    if args.multiproc_dir:
+        from fleetscope.sources.multiproc import MultiprocessSource
+
+        collector = Collector(source=MultiprocessSource(args.multiproc_dir), **options)
+    else:
+        options.update(headers=headers_from_args(args), verify=not args.insecure)
+        collector = Collector(endpoints, **options)
+    if args.policy_version_file:
+        from fleetscope.cli._policy_file import PolicyVersionFile
+
+        follower = PolicyVersionFile(args.policy_version_file, collector)
+        follower.check()  # before the first poll
+        collector.on_poll = follower.on_poll  # then after each poll, for the next one
+    return collector
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from fleetscope.collector.core import Collector
     from fleetscope.collector.signals import stop_on_signals
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -88,25 +111,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             ) from None
     if args.once:
         return asyncio.run(watch_once(args, endpoints))
-    terminal = not args.no_tui
-    sinks = build_sinks(args, terminal=terminal)
-    collector = Collector(
-        endpoints,
-        interval=args.interval,
-        sinks=sinks,
-        timeout=args.timeout,
-        headers=headers_from_args(args),
-        verify=not args.insecure,
-        schema=args.schema,
-        health_thresholds=_health_thresholds(args),
-    )
-
-    if args.policy_version_file:
-        from fleetscope.cli._policy_file import PolicyVersionFile
-
-        follower = PolicyVersionFile(args.policy_version_file, collector)
-        follower.check()  # before the first poll
-        collector.on_poll = follower.on_poll  # then after each poll, for the next one
+    collector = _collector(args, endpoints, build_sinks(args, terminal=not args.no_tui))
 
     async def run() -> None:
         async with collector:
@@ -151,24 +156,7 @@ async def watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) ->
     summary (as from ``watch``)."""
     import asyncio
 
-    from fleetscope.collector.core import Collector
-
-    collector = Collector(
-        endpoints,
-        interval=args.interval,
-        sinks=build_sinks(args, terminal=False),
-        timeout=args.timeout,
-        headers=headers_from_args(args),
-        verify=not args.insecure,
-        schema=args.schema,
-        health_thresholds=_health_thresholds(args),
-    )
-    if args.policy_version_file:
-        from fleetscope.cli._policy_file import PolicyVersionFile
-
-        follower = PolicyVersionFile(args.policy_version_file, collector)
-        follower.check()
-        collector.on_poll = follower.on_poll
+    collector = _collector(args, endpoints, build_sinks(args, terminal=False))
     await collector.poll()
     await asyncio.sleep(args.interval)
     view = await collector.poll()
@@ -215,6 +203,13 @@ def add_watch_parser(sub: Subcommands) -> None:
         "no server, or whose last line has no newline, only once it stays so for 5 s (or two "
         "intervals). A server keeps its name while it is listed and gets it back if it returns. "
         "Write it atomically (a temporary file, then rename) to be safe from any reader",
+    )
+    w.add_argument(
+        "--multiproc-dir",
+        default=None,
+        metavar="DIR",
+        help="no endpoints: read this machine's engines from prometheus_client's multiprocess "
+        "files (PROMETHEUS_MULTIPROC_DIR of vLLM's API servers, SGLang's schedulers)",
     )
     w.add_argument(
         "--policy-version-file",
@@ -286,8 +281,10 @@ WANDB_OPTIONS = (
 
 def _watch_usage_problem(args: argparse.Namespace) -> str | None:
     """Options of ``watch`` that would silently do nothing together (a usage error)."""
-    if not (args.urls or args.role or args.endpoints_file):
-        return "give at least one endpoint URL (or --role ROLE=URL, or --endpoints-file FILE)"
+    if args.multiproc_dir and (args.urls or args.role or args.endpoints_file):
+        return "--multiproc-dir reads this machine's engines from their files: give no endpoints"
+    if not (args.urls or args.role or args.endpoints_file or args.multiproc_dir):
+        return "give at least one endpoint URL (or --role, --endpoints-file, --multiproc-dir)"
     if not args.wandb_project:
         given = [flag for flag, dest in WANDB_OPTIONS if getattr(args, dest) not in (None, False)]
         if given:
