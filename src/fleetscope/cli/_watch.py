@@ -28,6 +28,7 @@ from fleetscope.cli._endpoints_file import (
 
 if TYPE_CHECKING:
     from fleetscope.cli._common import Subcommands
+    from fleetscope.collector.core import Collector
     from fleetscope.health import HealthThresholds
     from fleetscope.sources.http.source import Endpoint
 
