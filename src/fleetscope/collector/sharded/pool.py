@@ -122,20 +122,23 @@ class ShardPool:
         """New endpoints go to the emptiest live shards (with their next poll)."""
         for ep in endpoints:
             self.endpoints[ep.name] = ep
-            self._assign(ep.name)
+        self._assign([ep.name for ep in endpoints])
 
-    def _assign(self, name: str) -> bool:
+    def _assign(self, names: Sequence[str]) -> list[str]:
+        """Each of ``names`` to the live shard with the fewest endpoints; those placed."""
         live = self.live()
-        if not live:
-            return False
+        if not live or not names:
+            return []
         load = {s.index: 0 for s in live}
         for owner in self.owner.values():
             if owner in load:
                 load[owner] += 1
-        slot = min(live, key=lambda s: load[s.index])
-        self.owner[name] = slot.index
-        slot.add.append(endpoint_dict(self.endpoints[name]))
-        return True
+        for name in names:
+            slot = min(live, key=lambda s: load[s.index])
+            load[slot.index] += 1
+            self.owner[name] = slot.index
+            slot.add.append(endpoint_dict(self.endpoints[name]))
+        return list(names)
 
     def remove(self, name: str) -> None:
         """A removed endpoint is dropped by its shard (with its next poll)."""
@@ -152,8 +155,7 @@ class ShardPool:
 
     def reassign(self) -> list[str]:
         """The endpoints of retired shards, given to the live ones; returns their names."""
-        moved = [n for n, i in self.owner.items() if self.slots[i].retired]
-        moved = [n for n in moved if self._assign(n)]
+        moved = self._assign([n for n, i in self.owner.items() if self.slots[i].retired])
         if moved:
             log.info("fleetscope: %s moved to live shards", describe(moved))
         return moved

@@ -229,8 +229,7 @@ class ShardedSource(Members):
         self._learn(slot, reply, arrived)
         slot.resend = False
         self.max_model_len.update(reply["max_model_len"])
-        for name, role in reply["roles"].items():
-            self._note_role(name, role)
+        self._note_roles(reply["roles"])
         out: dict[str, ScrapeResult] = {}
         for meta, engines, types, invalid in reply["scrapes"]:
             name = meta["endpoint"]
@@ -277,10 +276,12 @@ class ShardedSource(Members):
         """A shard that did not answer: its endpoints' scrapes failed this poll."""
         return {n: self._error(n, f"shard {slot.index} {why}") for n in self.pool.owned(slot.index)}
 
-    def _note_role(self, name: str, role: Role | None) -> None:
-        current = next((e for e in self.members.endpoints if e.name == name), None)
-        if current is not None and role is not None and current.role != role:
-            self.members.set_role(name, role)
+    def _note_roles(self, roles: Mapping[str, Role | None]) -> None:
+        """Roles a shard discovered."""
+        current = {e.name: e.role for e in self.members.endpoints}
+        for name, role in roles.items():
+            if role is not None and name in current and current[name] != role:
+                self.members.set_role(name, role)
 
     # ------------------------------------------------------------------ lifecycle
 
