@@ -206,7 +206,8 @@ def run_sharded(
         for n in shards:
 
             async def main(n: int = n) -> dict[str, Any]:
-                c = ShardedCollector(urls, shards=n, interval=interval)
+                # the driver in this process (measured here), not in an isolation child
+                c = ShardedCollector(urls, shards=n, interval=interval, isolation="inline")
                 base = [actor_usage(a)[0] for a in c.shards]  # actor start-up not counted
 
                 def usage() -> float:

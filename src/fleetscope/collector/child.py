@@ -34,6 +34,7 @@ from typing import Any
 
 from fleetscope.collector.core import Collector
 from fleetscope.exposition import Exposition
+from fleetscope.fleet.config import CollectorConfig
 from fleetscope.fleet.state import PollResult
 from fleetscope.fleet.view import FleetView
 from fleetscope.sources.base import Endpoint, MembershipSource
@@ -168,6 +169,17 @@ class ChildServer:
         raise ValueError(f"unknown command {kind!r}")
 
 
+def build_collector(
+    endpoints: list[Endpoint], config: CollectorConfig, sharding: dict[str, Any] | None
+) -> Collector:
+    """The child's collector: over HTTP, or sharded on the trainer's Ray cluster."""
+    if sharding is None:
+        return Collector(endpoints, config=config)
+    from fleetscope.collector.sharded.collector import child_collector  # imports ray
+
+    return child_collector(endpoints, config, sharding)
+
+
 async def serve(conn: Connection, init: dict[str, Any]) -> None:
     channel = _Channel(conn)
     log = logging.getLogger("fleetscope")
@@ -175,7 +187,7 @@ async def serve(conn: Connection, init: dict[str, Any]) -> None:
     log.propagate = False
     log.setLevel(init["log_level"])
     endpoints = [Endpoint(**d) for d in init["endpoints"]]
-    collector = Collector(endpoints, config=init["config"])
+    collector = build_collector(endpoints, init["config"], init.get("sharding"))
     if init["state"] is not None:  # a restart: the same run goes on (the gap is unseen)
         collector.pipeline.load_state_dict(decode_state(init["state"]), continuous=True)
         windows = collector.windows

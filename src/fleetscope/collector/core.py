@@ -74,12 +74,10 @@ class Collector:
         if source is not None and endpoints:
             raise ValueError("give endpoints (scraped over HTTP) or a source, not both")
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
-        self.backend: Backend
-        if source is None and process.wants_process(endpoints, {**options, "config": config}):
-            self.backend = process.ProcessBackend(endpoints, cfg, self._publish, self._warner)
-        else:
-            source = source or HttpSource(endpoints, **cfg.http_options())
-            self.backend = InlineBackend(source, cfg, self._publish)
+        in_child = source is None and process.wants_process(
+            endpoints, {**options, "config": config}
+        )
+        self.backend: Backend = self.make_backend(endpoints, source, cfg, in_child=in_child)
         self.source: Source = self.backend.source
         self.interval = cfg.interval
         self.timeout = cfg.timeout
@@ -96,6 +94,22 @@ class Collector:
         self._closed = False
         self._ticks_skipped = 0
         self._poll_seconds = 0.0
+
+    def make_backend(
+        self,
+        endpoints: Sequence[str | Endpoint],
+        source: Source | None,
+        config: CollectorConfig,
+        *,
+        in_child: bool,
+    ) -> Backend:
+        """Where this collector's polls run: ``in_child`` (``isolation="process"``, or
+        ``"auto"`` from 256 endpoints) a supervised child process, else this process. A
+        subclass with its own source (``ShardedCollector``) builds its own."""
+        if in_child:
+            return process.ProcessBackend(endpoints, config, self._publish, self._warner)
+        source = source or HttpSource(endpoints, **config.http_options())
+        return InlineBackend(source, config, self._publish)
 
     # ------------------------------------------------------------------ in-process statistics
 

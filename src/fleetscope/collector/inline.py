@@ -12,7 +12,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from fleetscope.collector.backend import Publish
 from fleetscope.collector.rl import InlineRL
@@ -25,6 +25,20 @@ from fleetscope.sources.base import MembershipSource, ModelInfoSource, Source
 
 T = TypeVar("T")
 BeforeLog = Callable[[FleetView], Awaitable[Mapping[str, float]]]
+
+
+@runtime_checkable
+class ReadySource(Protocol):
+    """A source with workers to start (``Collector.wait_ready`` waits for them)."""
+
+    async def wait_ready(self, timeout: float) -> None: ...
+
+
+@runtime_checkable
+class KeyedSource(Protocol):
+    """A source with keys of its own in every row (``{prefix}/collector/...``)."""
+
+    def collector_keys(self, prefix: str) -> dict[str, float]: ...
 
 
 class InlineBackend:
@@ -41,7 +55,9 @@ class InlineBackend:
         self._lock: asyncio.Lock | None = None
 
     async def wait_ready(self, timeout: float) -> None:
-        return None
+        """At once, unless the source has workers to wait for (a sharded source's actors)."""
+        if isinstance(self.source, ReadySource):
+            await self.source.wait_ready(timeout)
 
     # ------------------------------------------------------------------ polls and boundaries
 
@@ -151,7 +167,8 @@ class InlineBackend:
         return list(windows.active), list(windows.paused)
 
     def collector_keys(self, prefix: str) -> dict[str, float]:
-        return {}
+        """The source's own keys, if it has any (a sharded source's restarts)."""
+        return self.source.collector_keys(prefix) if isinstance(self.source, KeyedSource) else {}
 
     async def aclose(self, status: str) -> None:
         with contextlib.suppress(Exception):

@@ -91,9 +91,16 @@ class _Child:
 class ChildLink(Members):
     """The trainer's end: endpoints named here, commands in order, the child supervised."""
 
-    def __init__(self, endpoints: Sequence[str | Endpoint], config: CollectorConfig):
+    def __init__(
+        self,
+        endpoints: Sequence[str | Endpoint],
+        config: CollectorConfig,
+        *,
+        sharding: Mapping[str, Any] | None = None,
+    ):
         self.members = EndpointSet(endpoints)
         self.config = dataclasses.replace(config, isolation="inline")
+        self.sharding = dict(sharding) if sharding is not None else None
         self.restarts = 0
         self.policy: str | None = None
         self._state: bytes | None = None  # the child's last state, never decoded here
@@ -141,6 +148,7 @@ class ChildLink(Members):
             {
                 "endpoints": [_endpoint_dict(e) for e in self.members.endpoints],
                 "config": self.config,
+                "sharding": self.sharding,
                 "state": self._state,
                 "policy": self.policy,
                 "log_level": log.getEffectiveLevel(),
@@ -196,6 +204,12 @@ class ChildLink(Members):
             fut.set_exception(RuntimeError(f"collector child: {message[2]}"))
         else:
             fut.set_result(message[2])
+
+    @property
+    def pid(self) -> int | None:
+        """The child process' id (None before it starts; a restarted child has a new one)."""
+        child = self._child
+        return child.proc.pid if child is not None else None
 
     def keep_state(self, state: bytes | None) -> None:
         if state is not None:

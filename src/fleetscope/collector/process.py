@@ -51,7 +51,8 @@ def wants_process(endpoints: Sequence[object], options: Mapping[str, Any]) -> bo
 
 class ProcessBackend:
     """A collector's polls and statistics in a child process (module doc); every command
-    answered there, every finished row published here."""
+    answered there, every finished row published here. ``sharding``: the child's collector is
+    a ``ShardedCollector`` on the trainer's Ray cluster (``sharded.collector.child_collector``)."""
 
     def __init__(
         self,
@@ -59,9 +60,11 @@ class ProcessBackend:
         config: CollectorConfig,
         publish: Publish,
         warner: RateLimitedWarner,
+        *,
+        sharding: Mapping[str, Any] | None = None,
     ):
         self.config = config
-        self.link = ChildLink(endpoints, config)
+        self.link = ChildLink(endpoints, config, sharding=sharding)
         self.source: Source = self.link  # the membership methods; the child scrapes
         self._publish = publish
         self._warner = warner

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from fleetscope.util.redact import redact
 
 DEFAULT_INTERVAL_S = 60.0
+# the attribute of a warning's log record that holds its kind (``record.warn_kind``)
+WARN_KIND = "warn_kind"
 
 
 class RateLimitedWarner:
@@ -52,7 +54,11 @@ class RateLimitedWarner:
                 f"{message} ({suppressed} similar warning(s) suppressed in the last "
                 f"{self._interval:g} s)"
             )
-        self._logger.warning("%s%s", redact(self._prefix), redact(message))
+        # the kind rides with the record, for handlers that relay warnings elsewhere (a Ray
+        # shard's go to the driver, which rate-limits them again by kind)
+        self._logger.warning(
+            "%s%s", redact(self._prefix), redact(message), extra={WARN_KIND: redact(kind)}
+        )
         return True
 
     def suppressed(self, kind: str) -> int:
