@@ -222,6 +222,7 @@ async def test_sharded_shards_receive_every_option() -> None:
             timeout=7.0,
         )
         try:
+            assert c.sharded is not None  # inline: the shards are this process's
             settings = await c.sharded.settings()
             view = await c.poll()
         finally:
