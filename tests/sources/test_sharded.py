@@ -289,8 +289,9 @@ def _served_fleet() -> SimFleet:
 
 def interval_clock_dependent(keys: Mapping[str, float | str]) -> Callable[[str], bool]:
     """For window and summary keys: also active seconds, coverage (the run labels' is covered
-    engine-seconds over active seconds; windows' is checked apart), and gauges' time-weighted
-    stats (weighted by each collector's own seconds; their peaks are not)."""
+    engine-seconds over active seconds; windows' is checked apart), gauges' time-weighted
+    stats (weighted by each collector's own seconds; their peaks are not) and the engine-time
+    breakdown (each collector's own intervals)."""
     gauges = {k[: -len("/peak")] for k in keys if k.endswith("/peak")}
 
     def dependent(key: str) -> bool:
@@ -298,6 +299,9 @@ def interval_clock_dependent(keys: Mapping[str, float | str]) -> Callable[[str],
             clock_dependent(key)
             or key.endswith(("/active_seconds", "/coverage"))
             or (key.rsplit("/", 1)[0] in gauges and not key.endswith("/peak"))
+            # engine time: each collector's own scrape intervals, classified (rules §3.13)
+            or "/engine_time/" in key
+            or key.endswith(("/bottleneck", "/bottleneck_role"))
         )
 
     return dependent

@@ -29,6 +29,9 @@ def clock_dependent(key: str) -> bool:
         or "/collector/" in key  # the collector's own poll time, load, shard restarts
         or key.endswith(("/generation_stalled", "/engine_outlier"))
         or key.endswith(("/active_seconds", "/coverage"))
+        # the engine-time breakdown: each collector's own scrape intervals (rules §3.13)
+        or "/engine_time/" in key
+        or key.endswith(("/bottleneck", "/bottleneck_role"))
     )
 
 
