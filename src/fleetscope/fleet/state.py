@@ -8,21 +8,17 @@ exactly what the collector logs.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from fleetscope.exposition.snapshot import EngineLayout
 from fleetscope.fleet.report import LimitWarnings
 from fleetscope.identity import EngineId, Role
 from fleetscope.keys import KeyOptions, key_prefix, poll_keys
 from fleetscope.sources.base import ScrapeResult
 from fleetscope.stats.baselines import Advance, Baselines
-from fleetscope.stats.deltas import EngineDelta, alignment
+from fleetscope.stats.deltas import EngineDelta
 from fleetscope.util.redact import redact
 from fleetscope.util.warn import RateLimitedWarner
 
@@ -31,11 +27,11 @@ if TYPE_CHECKING:
     from fleetscope.exposition.snapshot import EngineSnapshot
     from fleetscope.health import HealthEvent
     from fleetscope.rl.view import EndpointInfo
+from fleetscope.fleet.held import instant_view, joined
 from fleetscope.stats.reduce import (
     EngineInput,
     Partial,
     PollStats,
-    ScopeStats,
     finish_reduce,
     merge_partials,
     partial_reduce,
@@ -123,9 +119,9 @@ class FleetState:
         shown = inputs
         if boundary:
             for inp in inputs:
-                self._held[inp.engine_id] = _joined(self._held.get(inp.engine_id), inp)
+                self._held[inp.engine_id] = joined(self._held.get(inp.engine_id), inp)
         elif self._held:
-            shown = [_joined(self._held.get(inp.engine_id), inp) for inp in inputs]
+            shown = [joined(self._held.get(inp.engine_id), inp) for inp in inputs]
             self._held = {}
         result = self.finish(
             [partial_reduce(shown, **kwargs)],
@@ -379,64 +375,3 @@ class FleetState:
         out[base + "scrape_failures_total"] = float(sum(self.scrape_failures_total.values()))
         out[base + "engine_restarts_total"] = float(sum(self.restarts.values()))
         return out
-
-
-_INSTANT_KINDS = frozenset({"gauge", "total", "const"})
-_INTERVAL_STATS = frozenset(
-    {"p50", "p90", "p99", "p50_clamped", "p90_clamped", "p99_clamped", "delta", "pooled"}
-)
-
-
-def instant_view(stats: PollStats) -> PollStats:
-    """``stats`` without what needs an interval: rates, ratios, quantiles, increases."""
-    keep = np.array([stats.kinds.get(c) in _INSTANT_KINDS for c in stats.columns], dtype=bool)
-    matrix = np.where(keep[None, :], stats.matrix, np.nan)
-    scopes = {}
-    for name, sc in stats.scopes.items():
-        metrics = {
-            m: {k: v for k, v in per.items() if k not in _INTERVAL_STATS}
-            for m, per in sc.metrics.items()
-            if stats.kinds.get(m, "gauge") in _INSTANT_KINDS
-        }
-        scopes[name] = ScopeStats(sc.engines, {m: per for m, per in metrics.items() if per})
-    return dataclasses.replace(stats, matrix=matrix, scopes=scopes)
-
-
-def _joined(held: EngineInput | None, cur: EngineInput) -> EngineInput:
-    """One engine's held boundary delta and its current one, as one delta over both
-    intervals (docs/bad-data.md §11). Increases add up whatever happened in between: after a
-    restart the current delta counts from 0, so held + current is still the interval's
-    increase; when the engine's series layout changed, the held increases are carried to the
-    same series of the current layout (a series the current layout no longer has is left to
-    the windows, which keep it exactly)."""
-    if held is None:
-        return cur
-    a, b = held.delta, cur.delta
-    if a.baseline_only:
-        return cur
-    prior = a.delta if a.layout is b.layout else _realigned(a.delta, a.layout, b.layout)
-    # a slot unknown in the held delta takes the current one's; else the two add up
-    with np.errstate(over="ignore", invalid="ignore"):  # past float64: inf, named by reduce
-        both = np.where(np.isnan(prior), b.delta, prior + np.nan_to_num(b.delta))
-    joined = dataclasses.replace(
-        b,
-        delta=both,
-        seconds=a.seconds + b.seconds,
-        span=None,
-        observed_seconds=a.observed_seconds + b.observed_seconds,
-        baseline_only=False,
-        restarted=a.restarted or b.restarted,
-        started=a.started or b.started,
-        tail_unseen=a.tail_unseen or b.tail_unseen,
-    )
-    return dataclasses.replace(cur, delta=joined)
-
-
-def _realigned(values: np.ndarray, old: EngineLayout, new: EngineLayout) -> np.ndarray:
-    """``values`` (per slot of ``old``) moved to the slots of the same series in ``new``;
-    NaN where ``new`` has a series ``old`` did not (or of another kind)."""
-    idx, _ = alignment(old, new)
-    out = np.full(len(idx), np.nan)
-    hit = idx >= 0
-    out[hit] = values[idx[hit]]
-    return out

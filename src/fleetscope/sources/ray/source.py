@@ -48,10 +48,10 @@ from fleetscope.sources.ray.identity import (
 from fleetscope.sources.ray.merge import (
     MergedLayout,
     has_series,
-    is_engine,
     merge_layouts,
     stable_labels,
 )
+from fleetscope.sources.ray.pieces import Piece, PieceKey, grouped
 from fleetscope.util.redact import redact
 from fleetscope.util.warn import RateLimitedWarner
 
@@ -72,39 +72,6 @@ log = logging.getLogger("fleetscope")
 
 # consecutive polls with no vLLM sample at all before that is warned about (engines starting)
 NO_VLLM_WARN_AFTER = 3
-
-
-_Key = tuple[str, str, str]  # ("w", worker id, engine) | ("r", replica id, engine) | ("m", ...)
-_Piece = tuple[AgentEngine, EngineSnapshot]
-
-
-def _grouped(
-    expo: Exposition, ident: RayIdentity
-) -> tuple[
-    dict[_Key, list[_Piece]],
-    dict[tuple[str, str, str], set[_Key]],
-    dict[tuple[str, str], set[_Key]],
-    list[_Piece],
-]:
-    """The agent's engine pieces by WorkerId engine, that engine's keys by (replica, model,
-    engine) and by (replica, engine), and the pieces without a WorkerId."""
-    groups: dict[_Key, list[_Piece]] = {}
-    by_tags: dict[tuple[str, str, str], set[_Key]] = {}  # (replica, model, engine)
-    by_engine: dict[tuple[str, str], set[_Key]] = {}  # (replica, engine)
-    loose: list[_Piece] = []
-    for label, snap in expo.items():
-        if not is_engine(snap.layout):
-            continue
-        e = decode_label(label, ident)
-        if not e.worker_id:
-            loose.append((e, snap))
-            continue
-        key = ("w", e.worker_id, e.engine)
-        groups.setdefault(key, []).append((e, snap))
-        by_engine.setdefault((e.replica_id, e.engine), set()).add(key)
-        if e.model_name:
-            by_tags.setdefault((e.replica_id, e.model_name, e.engine), set()).add(key)
-    return groups, by_tags, by_engine, loose
 
 
 class RaySource:
@@ -330,7 +297,7 @@ class RaySource:
 
     def _filter(self, expo: Exposition, seen: set[str]) -> tuple[Exposition, dict[str, Role], int]:
         ident = self.identity or RayIdentity()
-        groups, by_tags, by_engine, loose = _grouped(expo, ident)
+        groups, by_tags, by_engine, loose = grouped(expo, ident)
         own = {k for k, pieces in groups.items() if any(owner_of(e, ident) for e, _ in pieces)}
         shadows = self._join_loose(loose, groups, by_tags, by_engine, own, ident)
         # a piece that several WorkerId engines explain is their sum, not one more engine
@@ -357,20 +324,20 @@ class RaySource:
 
     def _join_loose(
         self,
-        loose: list[_Piece],
-        groups: dict[_Key, list[_Piece]],
-        by_tags: dict[tuple[str, str, str], set[_Key]],
-        by_engine: dict[tuple[str, str], set[_Key]],
-        own: set[_Key],
+        loose: list[Piece],
+        groups: dict[PieceKey, list[Piece]],
+        by_tags: dict[tuple[str, str, str], set[PieceKey]],
+        by_engine: dict[tuple[str, str], set[PieceKey]],
+        own: set[PieceKey],
         ident: RayIdentity,
-    ) -> set[_Key]:
+    ) -> set[PieceKey]:
         """Pieces without WorkerId (OpenCensus backend, default cardinality): joined to the one
         engine with the same tags; Ray sums same-tag series of several workers, so with two or
         more such engines the piece stands alone (own only by replica id or model name).
         Updates ``groups`` and ``own``; returns the pieces summed over engines counted already
         (not engines). Warns about pieces it cannot attribute."""
         ambiguous = unmatched = 0
-        shadows: set[_Key] = set()
+        shadows: set[PieceKey] = set()
         for e, snap in loose:
             cands = by_tags.get((e.replica_id, e.model_name, e.engine), set())
             if not cands and not e.model_name:  # cache_config_info carries no model_name
@@ -403,7 +370,7 @@ class RaySource:
             )
         return shadows
 
-    def _engine_snapshot(self, key: _Key, pieces: list[_Piece], label: str) -> EngineSnapshot:
+    def _engine_snapshot(self, key: PieceKey, pieces: list[Piece], label: str) -> EngineSnapshot:
         """One kept engine's snapshot from its pieces; a process that started after the
         previous poll takes its first sighting as its start time."""
         snap = self._merge([s for _, s in pieces], label)
