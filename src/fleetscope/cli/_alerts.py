@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetscope.cli._common import add_usage_check, positive_float
+from fleetscope.cli._common import add_usage_check, positive_float, write_out
 
 if TYPE_CHECKING:
     from fleetscope.cli._common import Subcommands
@@ -100,17 +98,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
-    text = _rules_text(args)
-    if args.out in (None, "-"):
-        sys.stdout.write(text)
-        return 0
-    try:
-        Path(args.out).write_text(text, encoding="utf-8")
-    except OSError as e:
-        print(f"fleetscope alerts: cannot write --out {args.out}: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    return write_out(_rules_text(args), args.out, "alerts")
 
 
 def add_alerts_parser(sub: Subcommands) -> None:

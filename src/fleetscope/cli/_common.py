@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias, cast
 
 if TYPE_CHECKING:
@@ -175,3 +177,18 @@ def add_sink_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="default: online when an API key is configured, else offline",
     )
+
+
+def write_out(text: str, out: str | None, command: str) -> int:
+    """``text`` to the file ``--out`` names (``-`` or none: stdout); the exit code. A file that
+    cannot be written is one line on stderr naming ``command``, exit code 1."""
+    if out in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    try:
+        Path(out).write_text(text, encoding="utf-8")
+    except OSError as e:
+        print(f"fleetscope {command}: cannot write --out {out}: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}", file=sys.stderr)
+    return 0

@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 import weakref
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from fleetscope.cli._common import write_out
 
 if TYPE_CHECKING:
     from fleetscope.cli._common import Subcommands
@@ -32,16 +33,7 @@ def cmd_dashboard_grafana(args: argparse.Namespace) -> int:
     except ImportError as e:  # the message names the extra: fleetscope[dashboards]
         print(f"fleetscope dashboard grafana: {e}", file=sys.stderr)
         return 1
-    if args.out in (None, "-"):
-        sys.stdout.write(text)
-        return 0
-    try:
-        Path(args.out).write_text(text, encoding="utf-8")
-    except OSError as e:
-        print(f"fleetscope dashboard grafana: cannot write --out {args.out}: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    return write_out(text, args.out, "dashboard grafana")
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
