@@ -9,12 +9,10 @@ import numpy as np
 
 from fleetscope.exposition.snapshot import EngineLayout
 from fleetscope.stats.deltas import alignment
-from fleetscope.stats.reduce import EngineInput, PollStats, ScopeStats
+from fleetscope.stats.reduce import QUANTILE_STATS, EngineInput, PollStats, ScopeStats
 
 _INSTANT_KINDS = frozenset({"gauge", "total", "const"})
-_INTERVAL_STATS = frozenset(
-    {"p50", "p90", "p99", "p50_clamped", "p90_clamped", "p99_clamped", "delta", "pooled"}
-)
+_INTERVAL_STATS = QUANTILE_STATS | {"delta", "pooled"}
 
 
 def instant_view(stats: PollStats) -> PollStats:

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any, Literal
 
+from fleetscope.stats.reduce import QUANTILE_STATS
+
 KeySet = Literal["compact", "full"]
 KEY_SETS: tuple[KeySet, ...] = ("compact", "full")
 
@@ -93,7 +95,7 @@ def compact_stats(
     ``histogram``: ``metric`` is a histogram's base name or its ``:rate``; ``interval``: a
     window's or the run summary's keys rather than a poll's. Reasons in docs/sinks.md.
     """
-    quantiles = frozenset({"p50", "p90", "p99", "p50_clamped", "p90_clamped", "p99_clamped"})
+    quantiles = QUANTILE_STATS
     if histogram and kind in (None, "rate"):
         counted = metric.removesuffix(":rate") in COUNTED_HISTOGRAMS
         if kind is None:  # quantiles; the observation count only where it is not a duplicate

@@ -34,6 +34,7 @@ __all__ = [
     "CLAMPED",
     "POOLED_BOUNDS",
     "QUANTILES",
+    "QUANTILE_STATS",
     "STATS",
     "EngineInput",
     "HistogramSpec",
@@ -55,6 +56,8 @@ QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 #: beside a quantile whose rank fell in ``+Inf`` (``p99_clamped``: 1.0): its value is the
 #: highest finite bound, a floor of the true quantile
 CLAMPED = "_clamped"
+#: every stat a scope's quantiles may write: ``p50``... and their clamped flags
+QUANTILE_STATS: frozenset[str] = frozenset({*QUANTILES, *(q + CLAMPED for q in QUANTILES)})
 #: per scope and histogram, next to the quantiles: finite bounds of the pooled bucket layout
 POOLED_BOUNDS = "pooled_bounds"
 
