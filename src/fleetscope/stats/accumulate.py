@@ -173,15 +173,12 @@ class Accumulator:
         self._open[engine] = began
         return True
 
-    def continue_after(self, saved_at: float | None) -> None:
+    def continue_after(self, saved_at: float) -> None:
         """The same run goes on from a state saved at ``saved_at`` (this machine's monotonic
         clock) by a process that died since: each engine known here is expected from then on,
-        and its time until its next scrape was not observed (its new baseline). ``None``: no
-        gap is this label's."""
-        self._gap_from = saved_at or 0.0
-        self._gap_pending = set()
-        if saved_at is not None:
-            self._gap_pending = {e for e, a in self.engines.items() if a.is_engine}
+        and its time until its next scrape was not observed (its new baseline)."""
+        self._gap_from = saved_at
+        self._gap_pending = {e for e, a in self.engines.items() if a.is_engine}
 
     def add_seconds(self, seconds: float) -> None:
         self.active_seconds += max(0.0, seconds)

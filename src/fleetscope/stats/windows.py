@@ -204,8 +204,6 @@ class WindowSet:
             idle = self.run.setdefault(IDLE, Accumulator(IDLE))
             add(idle)
             idle.add_seconds(elapsed)
-        if self.active and IDLE in self.run:  # a child's gap inside a window is not idle's
-            self.run[IDLE].continue_after(None)
 
     # ------------------------------------------------------------------ persistence
 
@@ -255,5 +253,9 @@ class WindowSet:
         self._resume_from = saved_at if continuous and saved_at is not None else None
         if self._resume_from is not None:
             self.last_attributed_time = self._resume_from
-            for acc in self.run.values():  # idle and combined: their gap is unseen too
-                acc.continue_after(self._resume_from)
+            # the run labels the next poll goes to (combined; idle unless a window is open:
+            # a gap inside a window is not idle's) did not see the gap either
+            labels = [COMBINED] if self.active else [COMBINED, IDLE]
+            for label in labels:
+                if label in self.run:  # a label with no sums yet knows no engine to expect
+                    self.run[label].continue_after(self._resume_from)
