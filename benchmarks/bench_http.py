@@ -107,7 +107,7 @@ async def make_wire() -> tuple[Fetch, Callable[[], Awaitable[None]]]:
     wire = WireClient(HEADERS, None)
 
     async def fetch(url: str) -> bytes:
-        return await fetch_metrics(wire, url, headers={}, cap=MAX_BODY_BYTES)
+        return (await fetch_metrics(wire, url, headers={}, cap=MAX_BODY_BYTES)).body
 
     return fetch, wire.aclose
 

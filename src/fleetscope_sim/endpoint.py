@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -109,6 +110,8 @@ class SimEndpoint(EndpointExposition, EndpointHTTPAnswers, EndpointFaultInjectio
         self.worker_id = worker_id or hashlib.sha224(f"{seed}/{name}".encode()).hexdigest()
         self.faults = EndpointFaults()
         self.restarts = 0
+        # called after a whole-server restart (the HTTP server drops the old process' connections)
+        self.restart_hooks: list[Callable[[], None]] = []
         self._version = 0
         #: serve ``render_fast()`` (identical bytes, cheaper) instead of ``render()``
         self.fast_render = True

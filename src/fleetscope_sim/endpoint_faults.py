@@ -10,7 +10,7 @@ changes. ``EndpointFaultInjection`` is a mixin of
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ class EndpointFaultInjection:
     engines: list[SimEngine]
     faults: EndpointFaults
     restarts: int
+    restart_hooks: list[Callable[[], None]]
     truth: Truth
     exported: Ledger
     rl: SimRL
@@ -132,6 +133,8 @@ class EndpointFaultInjection:
                 engine.restart(self._engine_start(i))
             self.rl.reset()
             self._touch()
+        for hook in self.restart_hooks:
+            hook()
 
     def restart_engine(self, index: int) -> None:
         """Restart one engine core only (its series reset, new ``_created``); the API server

@@ -136,6 +136,7 @@ class FleetServer:
             index = len(self._endpoints) - 1
             port = 0 if self.port_base is None else self.port_base + index
             self.ports.append(self._run(self._listen(index, port)))
+            self._hook_restarts(index)
             urls.append(self.url(endpoint.name))
         return urls
 
@@ -164,6 +165,8 @@ class FleetServer:
         self._thread.start()
         try:
             self.ports = self._run(self._start_servers())
+            for index in range(len(self._endpoints)):
+                self._hook_restarts(index)
         except BaseException:
             self.stop()
             raise
@@ -217,6 +220,22 @@ class FleetServer:
         for i in range(len(self._endpoints)):
             ports.append(await self._listen(i, 0 if self.port_base is None else self.port_base + i))
         return ports
+
+    def _drop_connections(self, index: int) -> None:
+        """The endpoint's process restarted: its successor holds none of the old connections
+        (clients see them closed, as after a real restart)."""
+        for task in list(self._tasks.get(index, ())):
+            task.cancel()
+
+    def _hook_restarts(self, index: int) -> None:
+        endpoint = self._endpoints[index]
+
+        def restarted() -> None:
+            loop = self._loop
+            if loop is not None and loop.is_running():
+                loop.call_soon_threadsafe(self._drop_connections, index)
+
+        endpoint.restart_hooks.append(restarted)
 
     async def _listen(self, index: int, port: int) -> int:
         endpoint = self._endpoints[index]

@@ -32,6 +32,7 @@ from fleetscope.exposition import Parser
 from fleetscope.identity import Role
 from fleetscope.sources.base import Departure, ScrapeResult
 from fleetscope.sources.http.source import Endpoint, HttpSource
+from fleetscope.sources.http.wire import Response
 from fleetscope.sources.ray.source import (
     IDENTITY_LOOKUP_TIMEOUT,
     RAY_AGENT_IDENTITY,
@@ -549,8 +550,8 @@ class _Agents(HttpSource):
         super().__init__(identity_labels=RAY_AGENT_IDENTITY)
         self.bodies = bodies
 
-    async def _fetch(self, ep: Endpoint) -> bytes:
-        return self.bodies[ep.metrics_url].encode()
+    async def _fetch(self, ep: Endpoint) -> Response:
+        return Response(200, {}, self.bodies[ep.metrics_url].encode())
 
 
 async def test_ray_agents_are_rediscovered_while_running() -> None:

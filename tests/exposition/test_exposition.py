@@ -787,6 +787,24 @@ def test_a_failed_body_does_not_corrupt_the_template() -> None:
     assert expo["0"].value("vllm:prompt_tokens_total") == 15472
 
 
+def test_a_series_that_returns_in_place_of_a_blank_line_is_read() -> None:
+    """Found by the fuzz test: a body whose series line was blank (the template learns a blank
+    line there), then the full body again. The fast path took the returning sample line,
+    ``name{labels} value``, for a timestamped skipped line with an empty head, and the series
+    vanished from every later scrape of that shape."""
+    lines = _BASE.split("\n")
+    k = next(i for i, ln in enumerate(lines) if ln.startswith("vllm:generation_tokens_total{"))
+    blank = "\n".join([*lines[:k], "", *lines[k + 1 :]])
+    word = "\n".join([*lines[:k], "x", *lines[k + 1 :]])
+    p = Parser()
+    p.parse(_BASE)
+    assert p.parse(blank)["0"].value("vllm:generation_tokens_total") is None
+    assert p.parse(_BASE)["0"].value("vllm:generation_tokens_total") == 1998
+    p.parse(blank)
+    with pytest.raises(ExpositionError):  # one word where the template had a blank line
+        p.parse(word)
+
+
 def test_random_fixture_line_shuffles_parse_the_same() -> None:
     """Order of series is free: a shuffled body parses to the same values (full parser)."""
     r = random.Random(7)

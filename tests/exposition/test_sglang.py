@@ -284,12 +284,13 @@ def test_roles_from_engine_type() -> None:
 
 def test_http_source_passes_engine_roles_and_explicit_role_wins() -> None:
     from fleetscope.sources.http.source import Endpoint, HttpSource
+    from fleetscope.sources.http.wire import Response
 
     text = body("pd_prefill_after.prom")
 
     class Source(HttpSource):
-        async def _fetch(self, ep: Endpoint) -> bytes:
-            return text.encode()
+        async def _fetch(self, ep: Endpoint) -> Response:
+            return Response(200, {}, text.encode())
 
     async def run(role: Role | None) -> ScrapeResult:
         src = Source([Endpoint("http://p:1", "p", role=role)], discover_roles=False)

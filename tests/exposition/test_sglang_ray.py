@@ -29,6 +29,7 @@ from fleetscope.exposition import Exposition, Parser, parse
 from fleetscope.exposition.snapshot import EngineSnapshot
 from fleetscope.identity import Role
 from fleetscope.sources.http.source import Endpoint, HttpSource
+from fleetscope.sources.http.wire import Response
 from fleetscope.sources.ray.source import RAY_AGENT_IDENTITY, RayIdentity, RaySource
 from support.paths import DATA, RAY_DIR
 
@@ -398,8 +399,9 @@ class _Agent(HttpSource):
         super().__init__(identity_labels=RAY_AGENT_IDENTITY)
         self.bodies = list(bodies)
 
-    async def _fetch(self, ep: Endpoint) -> bytes:
-        return (self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]).encode()
+    async def _fetch(self, ep: Endpoint) -> Response:
+        body = self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]
+        return Response(200, {}, body.encode())
 
 
 async def test_two_polls_through_a_collector_count_the_own_increase() -> None:

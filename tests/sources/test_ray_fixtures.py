@@ -27,6 +27,7 @@ from fleetscope.collector.core import Collector, FleetView
 from fleetscope.exposition import Exposition, Parser
 from fleetscope.exposition.snapshot import EngineSnapshot
 from fleetscope.sources.http.source import Endpoint, HttpSource
+from fleetscope.sources.http.wire import Response
 from fleetscope.sources.ray.source import (
     RAY_AGENT_IDENTITY,
     AgentEngine,
@@ -72,10 +73,10 @@ class FakeAgents(HttpSource):
         self.bodies = list(bodies)
         self.fetched: list[str] = []
 
-    async def _fetch(self, ep: Endpoint) -> bytes:
+    async def _fetch(self, ep: Endpoint) -> Response:
         self.fetched.append(ep.metrics_url)
         body = self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]
-        return body.encode()
+        return Response(200, {}, body.encode())
 
 
 def source(identity: RayIdentity | None, *bodies: str, **kw: Any) -> RaySource:
@@ -380,7 +381,7 @@ async def test_a_steady_foreign_count_after_a_dead_first_poll_is_no_restart() ->
         return RayIdentity(worker_ids={OWN0, OWN1})
 
     class FirstPollDead(FakeAgents):
-        async def _fetch(self, ep: Endpoint) -> bytes:
+        async def _fetch(self, ep: Endpoint) -> Response:
             if not self.fetched:
                 self.fetched.append(ep.metrics_url)
                 raise httpx.ConnectError("agent not up yet")

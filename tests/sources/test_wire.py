@@ -28,7 +28,6 @@ from fleetscope.sources.http.client import (
     ScrapeError,
     describe,
     fetch_metrics,
-    is_refusal,
     new_clients,
 )
 from fleetscope.sources.http.source import Endpoint, HttpSource
@@ -132,7 +131,7 @@ async def client(headers: dict[str, str] | None = None) -> AsyncIterator[WireCli
 async def test_content_length_body_and_one_connection_reused() -> None:
     async with Script(keep_alive(lambda n: ok())) as s, client() as c:
         for _ in range(3):
-            assert await fetch_metrics(c, s.url, headers={}, cap=1000) == BODY
+            assert (await fetch_metrics(c, s.url, headers={}, cap=1000)).body == BODY
         assert s.connections == 1
 
 
@@ -179,7 +178,7 @@ async def test_http_1_0_server_body_until_close_and_no_reuse() -> None:
 
     async with Script(handler) as s, client() as c:
         for _ in range(2):
-            assert await fetch_metrics(c, s.url, headers={}, cap=1000) == BODY
+            assert (await fetch_metrics(c, s.url, headers={}, cap=1000)).body == BODY
         assert s.connections == 2
 
 
@@ -216,7 +215,7 @@ async def test_declared_length_over_the_cap_is_refused_before_reading() -> None:
     async with Script(keep_alive(lambda n: ok(b"x" * 5000))) as s, client() as c:
         with pytest.raises(ScrapeError, match="body of 5000 bytes exceeds the 4999 byte cap"):
             await fetch_metrics(c, s.url, headers={}, cap=4999)
-        assert await fetch_metrics(c, s.url, headers={}, cap=5000) == b"x" * 5000
+        assert (await fetch_metrics(c, s.url, headers={}, cap=5000)).body == b"x" * 5000
         assert s.connections == 2  # the refused response's connection was dropped
 
 
@@ -314,7 +313,7 @@ async def test_gzip_is_asked_for_decoded_and_capped_decompressed() -> None:
             writer.write(response)
 
     async with Script(handler) as s, client() as c:
-        assert await fetch_metrics(c, s.url, headers={}, cap=len(BODY) * 100) == BODY * 100
+        assert (await fetch_metrics(c, s.url, headers={}, cap=len(BODY) * 100)).body == BODY * 100
         assert b"\r\nAccept-Encoding: gzip\r\n" in seen[0]
         with pytest.raises(ScrapeError, match="decompressed body exceeds"):  # a gzip bomb
             await fetch_metrics(c, s.url, headers={}, cap=len(BODY) * 100 - 1)
@@ -365,6 +364,70 @@ async def test_an_idle_connection_past_its_expiry_is_not_reused(
         assert s.connections == 2
 
 
+async def test_a_response_says_how_long_its_connection_idled_or_when_the_server_closed_it() -> None:
+    """The continuity evidence (sources/http/continuity.py): a reused connection's idle time,
+    and for one the server closed, how long it had idled when the server closed it (measured
+    at the close, not at the next request)."""
+    closed = asyncio.Event()
+    close_now = asyncio.Event()
+
+    async def handler(reader: Reader, writer: Writer, conn: int) -> None:
+        n = 0
+        while True:
+            if conn == 0 and n == 2:  # close the kept connection when told, idle
+                await close_now.wait()
+                writer.close()
+                closed.set()
+                return
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(ok())
+            await writer.drain()
+            n += 1
+
+    async with Script(handler) as s, client() as c:
+        first = await c.get(s.url, cap=1000)
+        assert first.kept_idle is None and first.dropped_idle is None  # a fresh connection
+        await asyncio.sleep(0.05)
+        second = await c.get(s.url, cap=1000)
+        assert second.kept_idle is not None and second.kept_idle >= 0.05
+        assert second.dropped_idle is None
+        close_now.set()
+        await closed.wait()
+        ((conn,),) = c._idle.values()
+        while not conn.closed_by_peer():  # the FIN reaches the client's loop
+            await asyncio.sleep(0.01)
+        closed_after = conn.idled_until_closed()
+        await asyncio.sleep(0.2)  # the next request comes later: the close time still counts
+        third = await c.get(s.url, cap=1000)
+        assert third.kept_idle is None and third.dropped_idle == closed_after
+        assert third.dropped_idle < 0.2
+        assert s.connections == 2
+
+
+async def test_a_close_racing_the_request_is_measured_too() -> None:
+    """The server closes the kept connection as the next request goes out (the retry path):
+    the fresh connection's response still says the kept one was dropped."""
+
+    async def handler(reader: Reader, writer: Writer, conn: int) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(ok())
+        await writer.drain()
+        if conn == 0:
+            await reader.readuntil(b"\r\n\r\n")  # the second request arrives: close, no answer
+            return
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+
+    async with Script(handler) as s, client() as c:
+        await c.get(s.url, cap=1000)
+        second = await c.get(s.url, cap=1000)
+        assert second.kept_idle is None and second.dropped_idle is not None
+        assert s.connections == 2
+
+
 async def test_no_retry_when_something_was_received_or_the_connection_was_fresh() -> None:
     async def partial(reader: Reader, writer: Writer, conn: int) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -394,7 +457,7 @@ async def test_refused_connection_and_forget() -> None:
     async with client() as c:
         with pytest.raises(Refused) as e:
             await c.get(f"http://127.0.0.1:{port}/metrics", cap=1000)
-        assert is_refusal(e.value) and describe(e.value, 1.0) == "connection refused"
+        assert describe(e.value, 1.0) == "connection refused"
     async with Script(keep_alive(lambda n: ok())) as s, client() as c:
         await c.get(s.url, cap=1000)
         c.forget(s.url.removesuffix("/metrics"))
@@ -573,8 +636,8 @@ async def test_tls_with_a_custom_ca_verify_false_and_an_untrusted_certificate(
             try:
                 for _ in range(2):  # and the TLS connection is reused
                     assert (
-                        await fetch_metrics(wire, base + "/metrics", headers={}, cap=1000) == BODY
-                    )
+                        await fetch_metrics(wire, base + "/metrics", headers={}, cap=1000)
+                    ).body == BODY
                 assert len(next(iter(wire._idle.values()))) == 1
             finally:
                 await wire.aclose()

@@ -96,6 +96,8 @@ def fill(tpl: Template, lines: list[str]) -> np.ndarray | None:
         if o >= 0:
             vals[o] = v
         elif o == SKIP:
+            if v and not head:
+                return None  # one word where the template had a blank line
             skipped += 1
         elif o == TYPE_LINE:
             if tpl.types_by_head[head] != v:
@@ -104,7 +106,8 @@ def fill(tpl: Template, lines: list[str]) -> np.ndarray | None:
         else:
             # `head value timestamp` (docs/rules.md §3.9: sample timestamps are valid input)
             head, _, value = head.rpartition(" ")
-            o = get(head, MISS)
+            # not `get("")`: a sample line new to the template is no blank line's twin
+            o = get(head, MISS) if head else MISS
             if o >= 0:
                 vals[o] = value
             elif o == SKIP:
@@ -116,6 +119,11 @@ def fill(tpl: Template, lines: list[str]) -> np.ndarray | None:
             stamps.append(v)
     if skipped != tpl.n_skip:
         return None
+    return _as_values(vals, stamps)
+
+
+def _as_values(vals: list[str | None], stamps: list[str] | None) -> np.ndarray | None:
+    """The fast path's value texts as numbers, or None where the full parser must judge."""
     try:
         arr = np.array(vals, dtype=np.float64)
         if stamps is not None:
@@ -139,7 +147,8 @@ def finish(tpl: Template, arr: np.ndarray, now: float, wall: float) -> Expositio
     if len(tpl.min_ordinals):
         targets = tpl.slot_of_ordinal[tpl.min_ordinals]
         slots[targets] = np.inf
-        np.minimum.at(slots, targets, arr[tpl.min_ordinals])
+        with np.errstate(invalid="ignore"):  # a NaN `_created` stays NaN (judged as bad)
+            np.minimum.at(slots, targets, arr[tpl.min_ordinals])
     over = overflowed(slots, tpl.summed_slots) if len(tpl.summed_slots) else []
     pstart = float(slots[tpl.process_start_slot]) if tpl.process_start_slot >= 0 else None
     if not bad and not over and not tpl.any_incomplete:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from fleetscope.fleet.report import LimitWarnings
@@ -167,15 +167,17 @@ class FleetState:
                 known = eid in self.baselines
                 start = snap.start_time
                 interval = None if known else self._new_engine_interval(snap, first_attempt)
-                # refused in between and no start-time evidence: a restart could hide
-                unknown = known and sc.refused_since_success and start is None
+                # the source doubts the process lived on, and no start time says: a restart
+                # could hide in the interval
+                unknown = known and bool(sc.continuity_doubt) and start is None
                 pending.append(Advance(eid, snap, interval, unknown))
                 meta.append((eid, sc, is_engine, role))
         # every engine's delta at once (one matrix per layout), then the bookkeeping
-        for adv, d, (eid, sc, is_engine, role) in zip(
-            pending, self.baselines.advance_many(pending), meta, strict=True
-        ):
-            snap, interval, unknown = adv.snapshot, adv.new_engine_interval, adv.continuity_unknown
+        rows = [(m[0], adv.snapshot) for m, adv in zip(meta, pending, strict=True)]
+        computed = share_restarts(rows, self.baselines.advance_many(pending))
+        for adv, d, (eid, sc, is_engine, role) in zip(pending, computed, meta, strict=True):
+            snap, interval = adv.snapshot, adv.new_engine_interval
+            unknown = d.continuity_unknown
             if d.type_changed:
                 self._warner.warn(
                     f"type:{eid}",
@@ -183,10 +185,11 @@ class FleetState:
                     "baseline was dropped (no delta this poll)",
                 )
             if unknown:
+                why = sc.continuity_doubt or "another of its rows restarted"
                 self._warner.warn(
                     f"continuity:{eid}",
-                    f"{eid}: {sc.endpoint} refused connections since its last scrape and "
-                    "shows no start time: a restart cannot be ruled out, coverage lowered",
+                    f"{eid} shows no start time and {sc.endpoint} {why}: a restart cannot be "
+                    "ruled out, coverage lowered",
                 )
             # the endpoint's engine-less row restarts with its engines: count engines only
             if d.restarted and not d.baseline_only and interval is None and is_engine:
@@ -375,3 +378,28 @@ class FleetState:
         out[base + "scrape_failures_total"] = float(sum(self.scrape_failures_total.values()))
         out[base + "engine_restarts_total"] = float(sum(self.restarts.values()))
         return out
+
+
+def share_restarts(
+    rows: Sequence[tuple[EngineId, EngineSnapshot]], deltas: list[EngineDelta]
+) -> list[EngineDelta]:
+    """Rows of one endpoint without start times share a process (a DP server's engines and its
+    own series): when one of them shows a restart, the others' intervals cannot be vouched for
+    either (their counters may have grown past their old values), so they count as not
+    observed."""
+    restarted = {
+        eid.endpoint
+        for (eid, snap), d in zip(rows, deltas, strict=True)
+        if d.restarted and not d.baseline_only and snap.start_time is None
+    }
+    if not restarted:
+        return deltas
+    return [
+        replace(d, observed_seconds=0.0, continuity_unknown=True)
+        if eid.endpoint in restarted
+        and snap.start_time is None
+        and not d.restarted
+        and not d.baseline_only
+        else d
+        for (eid, snap), d in zip(rows, deltas, strict=True)
+    ]

@@ -73,9 +73,10 @@ class ScrapeResult:
     engine_roles: Mapping[str, Role] = field(default_factory=dict)  # per engine label
     # the first scrape since the endpoint joined the fleet (open windows expect it from here)
     joined: bool = False
-    # the connection was refused since the endpoint's last success (its process may have
-    # restarted without leaving evidence in its counters)
-    refused_since_success: bool = False
+    # why the source cannot vouch that the endpoint's process lived on since its last success
+    # (a failed scrape, a connection closed early: sources/http/continuity.py); "" when it can.
+    # Its engines without a start time of their own then count that interval as not observed.
+    continuity_doubt: str = ""
     # the server's engine kind (``vllm`` / ``sglang``, from its body) and version (``GET
     # /version``, SGLang's ``/server_info``), once the HTTP source has learnt them
     engine_kind: str | None = None

@@ -20,8 +20,10 @@ import httpx
 from fleetscope.sources.http.wire import (
     BodyTooLarge,
     ConnectFailed,
+    Disconnected,
     ProtocolFailure,
     Refused,
+    Response,
     WireClient,
 )
 
@@ -32,8 +34,17 @@ TEXT_TYPES = ("text/plain", "application/openmetrics-text", "text/openmetrics")
 SIDE_BODY_BYTES = 1024 * 1024
 
 
+# the answering party says the server is not there (a proxy without its backend, a server
+# not accepting work): as good as no answer for the continuity of its process
+GATEWAY_STATUSES = frozenset({502, 503, 504})
+
+
 class ScrapeError(Exception):
     """A response that is not an exposition (status, content type, size)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def new_clients(
@@ -101,18 +112,18 @@ async def read_capped(r: httpx.Response, cap: int, *, text_only: bool) -> bytes:
 
 async def fetch_metrics(
     wire: WireClient, url: str, *, headers: Mapping[str, str], cap: int
-) -> bytes:
+) -> Response:
     """GET an exposition over the scrape client: 200, a text content type, <= ``cap`` bytes."""
     try:
         r = await wire.get(url, headers, cap=cap)
     except BodyTooLarge as e:
         raise ScrapeError(str(e)) from None
     if r.status != 200:
-        raise ScrapeError(f"HTTP {r.status}")
+        raise ScrapeError(f"HTTP {r.status}", r.status)
     ctype = r.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype and ctype not in TEXT_TYPES:
         raise ScrapeError(f"wrong content type {ctype!r}")
-    return r.body
+    return r
 
 
 async def get_capped(
@@ -152,6 +163,23 @@ async def get_json(
     return json.loads(body)
 
 
+def went_away(e: BaseException) -> bool:
+    """Whether a failed scrape shows the server was not there to answer (no connection, one
+    that broke before the response was complete, a gateway's 502/503/504): its process may
+    have changed since. A server that answered anything else, or late, was there."""
+    if isinstance(e, ScrapeError):
+        return e.status in GATEWAY_STATUSES
+    return isinstance(
+        e,
+        ConnectFailed
+        | Disconnected
+        | httpx.ConnectError
+        | httpx.RemoteProtocolError
+        | httpx.ReadError
+        | ConnectionError,
+    )
+
+
 def describe(e: BaseException, timeout: float) -> str:
     """One line saying why a request failed."""
     if isinstance(e, asyncio.TimeoutError | httpx.TimeoutException):
@@ -165,12 +193,6 @@ def describe(e: BaseException, timeout: float) -> str:
     if isinstance(e, ScrapeError):
         return str(e)
     return f"{type(e).__name__}: {e}"
-
-
-def is_refusal(e: BaseException) -> bool:
-    """Whether nothing listened (the process was down, or restarting)."""
-    # as with httpx's ConnectError: any failure to connect (refused, DNS, TLS)
-    return isinstance(e, httpx.ConnectError | ConnectFailed | ConnectionRefusedError)
 
 
 class _PerOriginTransport(httpx.AsyncBaseTransport):

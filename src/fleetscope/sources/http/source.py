@@ -35,13 +35,14 @@ from fleetscope.sources.http.client import (
     describe,
     fetch_metrics,
     get_json,
-    is_refusal,
     new_clients,
+    went_away,
 )
+from fleetscope.sources.http.continuity import ContinuityEvidence
 from fleetscope.sources.http.loop_parse import LoopParser
 from fleetscope.sources.http.membership import EndpointSet, Members, name_endpoints
 from fleetscope.sources.http.server_version import ServerVersions
-from fleetscope.sources.http.wire import WireClient
+from fleetscope.sources.http.wire import Response, WireClient
 from fleetscope.util.backoff import Backoff
 from fleetscope.util.warn import RateLimitedWarner
 
@@ -104,7 +105,7 @@ class HttpSource(Members):
         self._joined: set[str] = set()
         self._departures: list[Departure] = []
         self._last_time: dict[str, float] = {}  # endpoint -> its last scrape (any outcome)
-        self._refused: set[str] = set()  # refused since their last success
+        self._continuity = ContinuityEvidence()  # failures, kept connections, per endpoint
         self._side: dict[str, _Side] = {e.name: self._new_side(e) for e in self.endpoints}
         # GET /version once per endpoint, and the catalog's names checked against its body
         self.server_versions = ServerVersions(self.warn, deadline=self.side_timeout)
@@ -129,7 +130,7 @@ class HttpSource(Members):
         self._departures.append(Departure(endpoint=name, time=self._last_time.pop(name, None)))
         self._parsers.pop(name, None)
         self.max_model_len.pop(name, None)
-        self._refused.discard(name)
+        self._continuity.forget(name)
         self._joined.discard(name)
         side = self._side.pop(name, None)
         if side is not None and side.task is not None:
@@ -211,12 +212,14 @@ class HttpSource(Members):
             t0 = time.monotonic()
             try:
                 async with asyncio.timeout(self.timeout):  # no task per request (wait_for)
-                    body = await self._fetch(ep)
+                    response = await self._fetch(ep)
             except Exception as e:
-                if is_refusal(e):
-                    self._refused.add(ep.name)
-                return self._failed(ep, t0, describe(e, self.timeout))
+                reason = describe(e, self.timeout)
+                if went_away(e):
+                    self._continuity.failed(ep.name, reason)
+                return self._failed(ep, t0, reason)
             t_arrived, wall = time.monotonic(), time.time()
+        body = response.body
         parser = self._parsers.get(ep.name)
         if parser is None:
             parser = self._parsers[ep.name] = Parser(
@@ -236,8 +239,7 @@ class HttpSource(Members):
             return self._failed(ep, t0, f"bad exposition: {e}")
         except Exception as e:
             return self._failed(ep, t0, f"parser failed: {type(e).__name__}: {e}")
-        refused = ep.name in self._refused
-        self._refused.discard(ep.name)
+        doubt = self._continuity.succeeded(ep.name, response.kept_idle, response.dropped_idle)
         return ScrapeResult(
             ep.name,
             expo,
@@ -249,7 +251,7 @@ class HttpSource(Members):
             # roles the body reports (SGLang's engine_type); an explicit endpoint role wins
             engine_roles=expo.engine_roles if ep.role is None else {},
             joined=self._take_joined(ep.name, t_arrived),
-            refused_since_success=refused,
+            continuity_doubt=doubt,
         )
 
     def _take_joined(self, name: str, t: float) -> bool:
@@ -274,7 +276,7 @@ class HttpSource(Members):
             joined=self._take_joined(ep.name, now),
         )
 
-    async def _fetch(self, ep: Endpoint) -> bytes:
+    async def _fetch(self, ep: Endpoint) -> Response:
         if self._wire is None:
             await self._ensure_client()
             assert self._wire is not None

@@ -16,7 +16,10 @@ hosts. No redirects (a 3xx is a status like any other), no proxies, no HTTP/2, n
 Any error, cancellation (the caller's deadline) or unread body closes the connection; only a
 complete response that lets the connection live returns it to the pool. A reused connection
 that the server had closed while idle (keep-alive timeout) is retried once on a fresh
-connection, and only if nothing at all was received on it.
+connection, and only if nothing at all was received on it. A response says how long its
+connection had idled since its previous response (``kept_idle``, a reused connection), or how
+long the kept one had idled when the server closed it (``dropped_idle``): the HTTP source's
+evidence that a server process lived on between two scrapes (sources/http/continuity.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["ConnectFailed", "ProtocolFailure", "Refused", "Response", "WireClient", "WireError"]
+__all__ = [
+    "ConnectFailed",
+    "Disconnected",
+    "ProtocolFailure",
+    "Refused",
+    "Response",
+    "WireClient",
+    "WireError",
+]
 
 HEAD_LIMIT = 64 * 1024  # status line + headers
 STREAM_LIMIT = 1024 * 1024  # StreamReader buffer: a typical body arrives without pausing
@@ -56,6 +67,10 @@ class ProtocolFailure(WireError):
     """The server closed the connection early or answered something that is not HTTP/1.x."""
 
 
+class Disconnected(ProtocolFailure):
+    """The connection closed or broke before the response was complete."""
+
+
 class BodyTooLarge(Exception):
     """The body is (or would be, decompressed) larger than the cap."""
 
@@ -65,6 +80,8 @@ class Response:
     status: int
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
     body: bytes
+    kept_idle: float | None = None  # seconds the reused connection idled before this request
+    dropped_idle: float | None = None  # seconds the kept one idled before the server closed it
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +93,31 @@ class _Target:
     request: bytes
 
 
-class _Conn:
-    __slots__ = ("idle_since", "loop", "reader", "writer")
+class _Protocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol, noting when the peer closed the connection."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    closed_at: float | None = None
+
+    def eof_received(self) -> bool:
+        self._note_close()
+        return bool(super().eof_received())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._note_close()
+        super().connection_lost(exc)
+
+    def _note_close(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = asyncio.get_running_loop().time()
+
+
+class _Conn:
+    __slots__ = ("idle_since", "loop", "protocol", "reader", "writer")
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, protocol: _Protocol
+    ) -> None:
+        self.reader, self.writer, self.protocol = reader, writer, protocol
         self.loop = asyncio.get_running_loop()
         self.idle_since = 0.0
 
@@ -89,9 +126,16 @@ class _Conn:
         return (
             self.loop is loop
             and loop.time() - self.idle_since < IDLE_EXPIRY
-            and not self.writer.transport.is_closing()
-            and not self.reader.at_eof()
+            and not self.closed_by_peer()
         )
+
+    def closed_by_peer(self) -> bool:
+        return self.writer.transport.is_closing() or self.reader.at_eof()
+
+    def idled_until_closed(self) -> float:
+        """Seconds this idle connection lived before the peer closed it (to now if unknown)."""
+        closed = self.protocol.closed_at
+        return (self.loop.time() if closed is None else closed) - self.idle_since
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -113,16 +157,12 @@ class WireClient:
     ) -> Response:
         """The response to ``GET url``; the body of any status is read (up to ``cap``)."""
         t = self._target(url, headers)
+        dropped: float | None = None
         for attempt in (0, 1):
-            idle = self._idle.get(t.key)
-            conn = None
-            while idle and conn is None:
-                c = idle.pop()
-                if c.usable():
-                    conn = c
-                else:
-                    c.close()
+            conn, closed_idle = self._take_idle(t.key)
+            dropped = closed_idle if dropped is None else dropped
             reused = conn is not None
+            kept = conn.loop.time() - conn.idle_since if conn is not None else None
             if conn is None:
                 conn = await self._connect(t)
             try:
@@ -132,6 +172,7 @@ class WireClient:
                 except (asyncio.IncompleteReadError, ConnectionError) as e:
                     nothing = not isinstance(e, asyncio.IncompleteReadError) or not e.partial
                     if reused and nothing and attempt == 0:
+                        dropped = conn.idled_until_closed()
                         conn.close()  # closed while idle: once more, on a fresh connection
                         continue
                     raise
@@ -146,11 +187,11 @@ class WireClient:
                 conn.close()
                 if isinstance(e, asyncio.IncompleteReadError):
                     what = "inside the response head" if e.partial else "without a response"
-                    raise ProtocolFailure(f"server closed the connection {what}") from None
+                    raise Disconnected(f"server closed the connection {what}") from None
                 if isinstance(e, asyncio.LimitOverrunError):
                     raise ProtocolFailure("response head too large") from None
                 if isinstance(e, ConnectionError):
-                    raise ProtocolFailure(f"connection lost: {e}") from e
+                    raise Disconnected(f"connection lost: {e}") from e
                 raise
             if keep:
                 conn.idle_since = conn.loop.time()
@@ -159,25 +200,43 @@ class WireClient:
                     self._idle[t.key].pop(0).close()
             else:
                 conn.close()
-            return Response(status, headers_in, body)
+            return Response(status, headers_in, body, kept, None if reused else dropped)
         raise AssertionError("unreachable")
+
+    def _take_idle(self, key: tuple[str, str, int]) -> tuple[_Conn | None, float | None]:
+        """A usable kept connection to ``key`` (or None), and how long the first one found
+        closed by the server had idled when it closed (None if none was)."""
+        idle = self._idle.get(key)
+        closed_idle = None
+        while idle:
+            c = idle.pop()
+            if c.usable():
+                return c, closed_idle
+            if closed_idle is None and c.loop is asyncio.get_running_loop() and c.closed_by_peer():
+                closed_idle = c.idled_until_closed()
+            c.close()
+        return None, closed_idle
 
     async def _connect(self, t: _Target) -> _Conn:
         if t.tls and self._ssl is None:
             self._ssl = ssl.create_default_context()
-        try:
-            reader, writer = await asyncio.open_connection(
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT, loop=loop)
+        protocol = _Protocol(reader, loop=loop)
+        try:  # asyncio.open_connection, with a protocol that notes the peer's close
+            transport, _ = await loop.create_connection(
+                lambda: protocol,
                 t.host,
                 t.port,
                 ssl=self._ssl if t.tls else None,
                 server_hostname=t.host if t.tls else None,
-                limit=STREAM_LIMIT,
             )
         except ConnectionRefusedError as e:
             raise Refused(str(e) or "connection refused") from e
         except (OSError, ssl.SSLError) as e:  # DNS, unreachable, TLS (certificate, handshake)
             raise ConnectFailed(str(e) or type(e).__name__) from e
-        return _Conn(reader, writer)
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        return _Conn(reader, writer, protocol)
 
     def _target(self, url: str, headers: Mapping[str, str] | None) -> _Target:
         hkey = tuple(headers.items()) if headers else ()
@@ -281,9 +340,7 @@ async def _read_body(
         try:
             body = await reader.readexactly(n) if n else b""
         except asyncio.IncompleteReadError as e:
-            raise ProtocolFailure(
-                f"body truncated: {len(e.partial)} of {n} bytes received"
-            ) from None
+            raise Disconnected(f"body truncated: {len(e.partial)} of {n} bytes received") from None
     else:  # delimited by the connection's close
         parts: list[bytes] = []
         size = 0
@@ -326,7 +383,7 @@ async def _read_chunked(reader: asyncio.StreamReader, cap: int) -> bytes:
                 raise ProtocolFailure("chunk not terminated by CRLF")
             parts.append(chunk[:-2])
     except asyncio.IncompleteReadError:
-        raise ProtocolFailure(f"chunked body truncated after {size} bytes") from None
+        raise Disconnected(f"chunked body truncated after {size} bytes") from None
     except asyncio.LimitOverrunError:
         raise ProtocolFailure("chunk size line too long") from None
 
