@@ -19,8 +19,9 @@ killed child takes the oracle back to the sums of the last state the trainer hol
 engine's next scrape is a baseline.
 
 The oracle also knows where counts were unobservable: per target (a window instance, a run
-label) and engine, a restart's tail, an increase unknown because the series was invalid on
-the engine's first scrape, a killed child's gap; per target, an endpoint that never answered
+label) and engine, a restart's tail, an interval of a DP engine whose sibling restarted (no
+start time vouches for it), an increase unknown because the series was invalid on the engine's
+first scrape, a killed child's gap; per target, an endpoint that never answered
 was tried in it, or a window expected churned labels it never saw twice. "Done when" (issue
 20): every window and run total equals the truth where coverage is 1.0, and coverage is < 1.0
 exactly where counts were unobservable: both directions, per label and per engine.
@@ -175,6 +176,7 @@ class Oracle:
     # labels: each one's counts after its only scrape were never seen)
     churned: set[str] = field(default_factory=set)
     restarted: set[str] = field(default_factory=set)  # restarted since their last scrape
+    doubted: set[str] = field(default_factory=set)  # next interval cannot be vouched for
     saved: Sums | None = None  # the sums of the last state the trainer holds (isolation)
 
     def restart(self, eid: str) -> None:
@@ -185,6 +187,11 @@ class Oracle:
             self.unseen[eid] += sum(now[f] - self.last[eid][f] for f in (GEN,))
         self.last[eid] = dict(now)
         self.restarted.add(eid)
+
+    def doubt(self, eid: str) -> None:
+        """Another row of the engine's server restarted and it shows no start time: its next
+        scrape counts every increase, but that interval cannot be vouched for (unobservable)."""
+        self.doubted.add(eid)
 
     def start(self, eid: str) -> None:
         """The engine's process starts now, after our last poll (its start time says so):
@@ -204,8 +211,9 @@ class Oracle:
         if eid not in self.last:  # its first scrape: a baseline
             self.last[eid] = {f: now[f] for f in FAMILIES if f not in bad}
             return
-        if eid in self.restarted:  # the old process' tail after our last scrape
-            self.restarted.discard(eid)
+        if eid in self.restarted or eid in self.doubted:  # the old process' tail after our
+            self.restarted.discard(eid)  # last scrape; or a sibling's restart
+            self.doubted.discard(eid)
             self._lose(every, eid)
         for f in FAMILIES:
             if f in bad:
@@ -234,7 +242,7 @@ class Oracle:
         self.sums = defaultdict(_zero, copy.deepcopy(self.saved))
         for eid in self.last:
             self._lose((*targets, COMBINED), eid)
-        self.last, self.restarted = {}, set()
+        self.last, self.restarted, self.doubted = {}, set(), set()
 
     def lost_engines(self, targets: Iterable[str]) -> set[str]:
         ts = set(targets)
@@ -518,6 +526,8 @@ async def phase_train2(s: Soak, sizes: list[int], mem: list[int]) -> None:
     await s.tick(5)
     s.fleet.endpoint("prefill0").restart_engine(1)  # multiprocess: counters drop
     s.oracle.restart("prefill0.1")
+    # its sibling shares the server and shows no start time: not vouched for (all counted)
+    s.oracle.doubt("prefill0.0")
     await s.tick(5)
     await s.boundary("pause", "train", "train#2")
     await s.tick(5)
@@ -819,8 +829,8 @@ async def test_soak_coverage_is_below_one_exactly_where_counts_were_unobservable
                 ecov = engine_coverage(acc, eid)
                 assert (ecov < 1.0) == (eid in lost), (label, eid, ecov)
     assert summary["inference_summary/idle/coverage"] == 1.0
-    assert o.lost_engines([COMBINED]) == {"server0.0", "prefill0.1", "decode1.0", "nan0.0",
-                                          "nan0.1", "spiky.0"}  # fmt: skip
+    assert o.lost_engines([COMBINED]) == {"server0.0", "prefill0.1", "prefill0.0", "decode1.0",
+                                          "nan0.0", "nan0.1", "spiky.0"}  # fmt: skip
 
 
 async def test_soak_bad_samples_are_left_out_and_memory_stays_bounded() -> None:
