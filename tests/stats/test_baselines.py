@@ -107,3 +107,37 @@ def test_advance_many_equals_advance_engine_by_engine(seed: int) -> None:
         for e in one.engines():
             assert one.last(e) is many.last(e)
     assert rows >= 10  # the matrix path really ran (and the per-engine one for the rest)
+
+
+def test_a_restart_of_one_row_doubts_the_start_less_rows_of_its_server() -> None:
+    """``share_restarts``: DP engines (no start time) share their server's process. When one
+    restarts, the others' intervals are doubted (not counted from 0); rows of another server,
+    rows with a start time of their own, and first scrapes are left alone."""
+    from fleetscope.identity import EngineId
+    from fleetscope.stats.baselines import share_restarts
+
+    p = Parser()
+    load = fixture_text("dp2_load.prom")
+    gen1 = r'^vllm:generation_tokens_total\{engine="1"'
+    after = set_values(load, gen1, lambda v: v + 7.0)  # engine 1 grew
+    dropped = set_values(set_values(after, GEN, 1.0), PROMPT, 1.0)  # engine 0 restarted
+    b = Baselines()
+    rows, items = [], []
+    for server, cur in (("a", dropped), ("b", after)):
+        prev_e = p.parse(load, time=0.0, wall_time=WALL)
+        cur_e = p.parse(cur, time=10.0, wall_time=WALL + 10)
+        for label in ("0", "1"):
+            eid = EngineId(server, label)
+            b.advance(eid, prev_e[label])
+            rows.append((eid, cur_e[label]))
+            items.append(Advance(eid, cur_e[label]))
+    single = Parser().parse(fixture_text("single_after.prom"), time=10.0, wall_time=WALL + 10)
+    rows.append((EngineId("a", "x"), single["0"]))  # a row of server a with a start time
+    items.append(Advance(EngineId("a", "x"), single["0"]))  # its first scrape: a baseline
+    deltas = share_restarts(rows, b.advance_many(items))
+    by = {str(eid): d for (eid, _), d in zip(rows, deltas, strict=True)}
+    assert by["a.0"].restarted and not by["a.0"].continuity_unknown
+    assert by["a.1"].continuity_unknown and by["a.1"].observed_seconds == 0.0
+    assert not by["a.1"].restarted  # its counts stand: only the interval is doubted
+    assert not any(by[e].continuity_unknown for e in ("b.0", "b.1", "a.x"))
+    assert by["a.x"].baseline_only

@@ -5,13 +5,13 @@ Two paths share one result:
 * the **full parser** (``_template.build_template``) reads every line (escapes, timestamps,
   exemplars, TYPE lines), groups samples by engine, maps names to current vLLM names, and
   records a *template* of the body;
-* the **fast path** (``_template.fill``) reuses the template while the body keeps its shape
+* the **fast path** (``_fastpath.fill``) reuses the template while the body keeps its shape
   (vLLM writes the same series in the same order every poll): per line one ``rpartition``
   (two with a sample timestamp), one dict lookup, and the value strings are converted in bulk.
   Any mismatch falls back to the full parser, which is also the one that reports errors, with
   line numbers.
 
-Both end in ``_template.finish``, which validates cumulative values in bulk (docs/rules.md
+Both end in ``_fastpath.finish``, which validates cumulative values in bulk (docs/rules.md
 §3.9, docs/bad-data.md): a counter or histogram child with a non-finite or negative value, or
 a histogram child cut short, is left out of that scrape and listed in
 :attr:`Exposition.invalid`; the rest of the scrape is valid.
@@ -24,13 +24,14 @@ from collections.abc import Sequence
 
 from fleetscope.catalog import VLLM_IDENTITY_LABELS
 from fleetscope.exposition._classify import LAYOUTS as _LAYOUTS
+from fleetscope.exposition._fastpath import fill, finish
 from fleetscope.exposition._syntax import (
     MAX_BODY_BYTES,
     Exposition,
     ExpositionError,
     InvalidSeries,
 )
-from fleetscope.exposition._template import Template, build_template, fill, finish
+from fleetscope.exposition._template import Template, build_template
 
 __all__ = [
     "MAX_BODY_BYTES",

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fleetscope.fleet.report import LimitWarnings
 from fleetscope.identity import EngineId, Role
 from fleetscope.keys import KeyOptions, key_prefix, poll_keys
 from fleetscope.sources.base import ScrapeResult
-from fleetscope.stats.baselines import Advance, Baselines
+from fleetscope.stats.baselines import Advance, Baselines, share_restarts
 from fleetscope.stats.deltas import EngineDelta
 from fleetscope.util.redact import redact
 from fleetscope.util.warn import RateLimitedWarner
@@ -378,28 +378,3 @@ class FleetState:
         out[base + "scrape_failures_total"] = float(sum(self.scrape_failures_total.values()))
         out[base + "engine_restarts_total"] = float(sum(self.restarts.values()))
         return out
-
-
-def share_restarts(
-    rows: Sequence[tuple[EngineId, EngineSnapshot]], deltas: list[EngineDelta]
-) -> list[EngineDelta]:
-    """Rows of one endpoint without start times share a process (a DP server's engines and its
-    own series): when one of them shows a restart, the others' intervals cannot be vouched for
-    either (their counters may have grown past their old values), so they count as not
-    observed."""
-    restarted = {
-        eid.endpoint
-        for (eid, snap), d in zip(rows, deltas, strict=True)
-        if d.restarted and not d.baseline_only and snap.start_time is None
-    }
-    if not restarted:
-        return deltas
-    return [
-        replace(d, observed_seconds=0.0, continuity_unknown=True)
-        if eid.endpoint in restarted
-        and snap.start_time is None
-        and not d.restarted
-        and not d.baseline_only
-        else d
-        for (eid, snap), d in zip(rows, deltas, strict=True)
-    ]

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fleetscope.exposition.snapshot import EngineLayout, EngineSnapshot
+from fleetscope.identity import EngineId
 from fleetscope.stats.deltas import EngineDelta, baseline, engine_delta, from_zero
 
 # below this many engines of one layout the matrix costs more than it saves
@@ -184,3 +185,28 @@ class Baselines:
     def last(self, engine_id: str) -> EngineSnapshot | None:
         """The engine's latest snapshot (its baseline for the next poll), if any."""
         return self._last.get(engine_id)
+
+
+def share_restarts(
+    rows: Sequence[tuple[EngineId, EngineSnapshot]], deltas: list[EngineDelta]
+) -> list[EngineDelta]:
+    """Rows of one endpoint without start times share a process (a DP server's engines and its
+    own series): when one of them shows a restart, the others' intervals cannot be vouched for
+    either (their counters may have grown past their old values), so they count as not
+    observed."""
+    restarted = {
+        eid.endpoint
+        for (eid, snap), d in zip(rows, deltas, strict=True)
+        if d.restarted and not d.baseline_only and snap.start_time is None
+    }
+    if not restarted:
+        return deltas
+    return [
+        replace(d, observed_seconds=0.0, continuity_unknown=True)
+        if eid.endpoint in restarted
+        and snap.start_time is None
+        and not d.restarted
+        and not d.baseline_only
+        else d
+        for (eid, snap), d in zip(rows, deltas, strict=True)
+    ]
