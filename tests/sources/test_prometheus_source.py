@@ -179,6 +179,13 @@ async def _run(
             if failed:
                 (sc,) = [sc for sc in b.scrapes if not sc.ok]
                 assert sc.endpoint == DOWN and sc.error == "target down"
+            # back after being down: DOWN's engines (DP, no start time) are doubted over that
+            # interval by both paths (docs/bad-data.md, "Continuity without a start time")
+            for r in (a, b):
+                doubted = {e for e, d in r.deltas.items() if d.continuity_unknown and e.is_engine}
+                assert doubted == (
+                    {EngineId(DOWN, "0"), EngineId(DOWN, "1")} if step == 3 else set()
+                )
             if step == 0:
                 assert GEN not in b.keys
             elif step in (1, 3):
@@ -191,6 +198,47 @@ async def _run(
     finally:
         await direct.stop()
         await viaprom.stop()
+
+
+def test_a_target_down_between_two_polls_is_a_doubt_on_the_next() -> None:
+    """Our polls never see the DP target down, but Prometheus scraped it while it was
+    (``up`` 0 in between): its engines, with no start time, are not vouched for over that
+    interval; a single-process target beside it (start time) is, and both count exactly."""
+    fleet = SimFleet(seed=5)
+    dp = fleet.add_endpoint(role="decode", dp=2)
+    single = fleet.add_endpoint(role="decode", dp=1)
+    fleet.step(1.0)
+    with FleetServer(fleet) as server:
+        targets = [u.removeprefix("http://") for u in server.urls]
+        names = {t: ep.name for t, ep in zip(targets, fleet.endpoints, strict=True)}
+        inst = {v: k for k, v in names.items()}
+        with PrometheusServer(targets, scrape_interval=SCRAPE_INTERVAL) as prom:
+            source = PrometheusSource(prom.url, names=names)
+            truth0: list[float] = []
+
+            async def run() -> PollResult:
+                c = Collector(source=source, interval=5.0)
+                try:
+                    await asyncio.to_thread(wait_for_state, prom, time.time(), set())
+                    await c.poll()
+                    truth0.append(fleet.truth_total("vllm:generation_tokens_total"))
+                    fleet.step(2.0)
+                    server.close_endpoint(dp.name)  # down for a scrape or more, unseen by us
+                    t = time.time()
+                    await asyncio.to_thread(wait_for_state, prom, t, {inst[dp.name]})
+                    server.open_endpoint(dp.name)
+                    await asyncio.to_thread(wait_for_state, prom, time.time(), set())
+                    return (await c.poll()).result
+                finally:
+                    await c.stop()
+
+            r = asyncio.run(run())
+    doubted = {e for e, d in r.deltas.items() if d.continuity_unknown and e.is_engine}
+    assert doubted == {EngineId(dp.name, "0"), EngineId(dp.name, "1")}
+    assert all(sc.ok for sc in r.scrapes)
+    # no restart happened: every count is there (the doubt is about what could have hidden)
+    assert r.keys[GEN] == fleet.truth_total("vllm:generation_tokens_total") - truth0[0] > 0
+    assert single.name not in {e.endpoint for e in doubted}
 
 
 # ----------------------------------------------------------------------------- vllm_ names

@@ -4,7 +4,11 @@ For fleets that are already scraped: each poll asks the server, with instant que
 latest value of every vLLM series and for each target's last scrape time, rebuilds one
 exposition per target (``instance``) with the types from ``/api/v1/metadata``, and hands it to
 the same pipeline as direct scraping — so the keys are the same. A target whose last scrape
-failed (``up == 0``) or that has no sample is a failed scrape for that poll.
+failed (``up == 0``) or that has no sample is a failed scrape for that poll. Prometheus also
+knows the scrapes in between: a target down at any of them since the last poll
+(``min_over_time(up[...])`` < 1), or down at an earlier poll, is a doubt on its next success
+(``ScrapeResult.continuity_doubt``): its rows without a start time count that interval as not
+observed, as with direct scraping (docs/bad-data.md, "Continuity without a start time").
 
 Snapshot times are the targets' own scrape timestamps, so rates are exact per target. Names
 Prometheus stored as ``vllm_...`` (prometheus_client rewrites ``:`` to ``_`` when a server
@@ -98,6 +102,8 @@ class PrometheusSource:
         # monotonic clock: translated with one offset, read once and rounded to 2^-10 s so
         # that adding it to a wall timestamp is exact (intervals stay exact to the bit)
         self._clock_offset = round((time.monotonic() - time.time()) * 1024) / 1024
+        self._last_at: float | None = None  # the previous poll's evaluation time
+        self._down: dict[str, str] = {}  # instance -> why, since its last success
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -199,7 +205,10 @@ class PrometheusSource:
             why = "timed out" if isinstance(e, TimeoutError) else f"failed: {e!r}"
             self._warner.warn("query", f"Prometheus source {self.url} {why}")
             return []
-        samples, up, scraped_at, up_roles = answer
+        samples, up, scraped_at, up_roles, min_up = answer
+        for inst, low in min_up.items():
+            if low < 1.0:
+                self._down.setdefault(inst, "Prometheus saw it down since the last poll")
         latency = time.monotonic() - t0
         by_instance: dict[str, list[dict[str, Any]]] = {}
         roles: dict[str, Role | None] = dict(up_roles)
@@ -214,8 +223,11 @@ class PrometheusSource:
 
     async def _read(
         self,
-    ) -> tuple[list[dict[str, Any]], dict[str, float], dict[str, float], dict[str, Role]]:
-        """The queries of one poll: samples, ``up`` and scrape times per instance, roles."""
+    ) -> tuple[
+        list[dict[str, Any]], dict[str, float], dict[str, float], dict[str, Role], dict[str, float]
+    ]:
+        """The queries of one poll: samples, ``up`` and scrape times per instance, roles, and
+        the lowest ``up`` of each target since the previous poll."""
         if self._polls % self._metadata_every == 0 or not self._types:
             await self._metadata()
         self._polls += 1
@@ -225,7 +237,16 @@ class PrometheusSource:
         # after the samples: a target scraped while we read (its samples and `up` are
         # committed together) is read again, so values and times come from one scrape.
         at = time.time()
-        ups, stamps = await asyncio.gather(self._query(up_expr, at), self._query(stamp_expr, at))
+        since = self._last_at
+        min_expr = ""
+        if since is not None and at > since:  # the scrapes after the previous poll's time
+            min_expr = f"min_over_time(up{up_sel}[{max(1, int((at - since) * 1000))}ms])"
+        ups, stamps, lows = await asyncio.gather(
+            self._query(up_expr, at),
+            self._query(stamp_expr, at),
+            self._query(min_expr, at) if min_expr else _nothing(),
+        )
+        self._last_at = at
         samples = self._valid_samples(await self._query(self._selector(), at))
         after = self._vector(stamp_expr, await self._query(stamp_expr, at))
         if self._unknown_families(samples):
@@ -243,7 +264,8 @@ class PrometheusSource:
             r = m.get(self.role_label) if isinstance(m, dict) else None
             if r in ("prefill", "decode"):
                 roles[str(m.get("instance", ""))] = r  # type: ignore[union-attr]
-        return samples, self._vector(up_expr, ups), scraped_at, roles
+        min_up = self._vector(min_expr, lows) if min_expr else {}
+        return samples, self._vector(up_expr, ups), scraped_at, roles, min_up
 
     def _valid_samples(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The samples with a name and a numeric value; others are left out with a warning."""
@@ -281,6 +303,8 @@ class PrometheusSource:
             mono = wall + offset
             if up.get(inst, 1.0) != 1.0 or inst not in by_instance:
                 why = "target down" if up.get(inst, 1.0) != 1.0 else "no matching series"
+                if why == "target down":
+                    self._down.setdefault(inst, "Prometheus saw it down at an earlier poll")
                 if why != "target down":
                     self._warner.warn(
                         f"{inst}:empty",
@@ -301,7 +325,10 @@ class PrometheusSource:
                 )
                 results.append(ScrapeResult(name, None, mono, wall, latency, str(e), role))
                 continue
-            results.append(ScrapeResult(name, expo, mono, wall, latency, None, role))
+            doubt = self._down.pop(inst, "")
+            results.append(
+                ScrapeResult(name, expo, mono, wall, latency, None, role, continuity_doubt=doubt)
+            )
         return results
 
     def _render(self, samples: list[dict[str, Any]]) -> str:
@@ -346,6 +373,10 @@ class PrometheusSource:
 
 class AnswerError(RuntimeError):
     """An answer of the HTTP API that fleetscope cannot use (too large, not JSON, malformed)."""
+
+
+async def _nothing() -> list[dict[str, Any]]:
+    return []
 
 
 def _point(entry: object) -> tuple[dict[str, str], float] | None:
