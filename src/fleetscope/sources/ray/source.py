@@ -245,6 +245,8 @@ class RaySource:
                 wid = self._label_wid.get(label)
                 if wid:
                     self._engines_of_wid.setdefault(wid, set()).add(EngineId(r.endpoint, label))
+            # no continuity doubt from the agent's connection: a restarted actor has a new
+            # WorkerId, so it is a new engine row, never a hidden restart of an old one
             out.append(
                 ScrapeResult(
                     r.endpoint, expo, r.time, r.wall_time, r.latency, None, None, r.groups, roles
