@@ -72,6 +72,7 @@ async def run_restarts(
     return truth, total, coverage
 
 
+@pytest.mark.usefixtures("isolation")  # and with the collector's work in a child process
 async def test_a_dp_server_restarted_twice_then_grown_past_lowers_coverage(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -85,6 +86,7 @@ async def test_a_dp_server_restarted_twice_then_grown_past_lowers_coverage(
     assert "a restart cannot be ruled out" in caplog.text
 
 
+@pytest.mark.usefixtures("isolation")
 async def test_without_a_restart_the_kept_connection_costs_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
