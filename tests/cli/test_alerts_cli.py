@@ -111,3 +111,22 @@ def test_an_unwritable_out_is_a_failure(capsys: pytest.CaptureFixture[str], tmp_
     code, out, err = run(capsys, "--out", str(tmp_path / "no" / "such" / "dir.yml"))
     assert code == 1 and out == ""
     assert len(err.strip().splitlines()) == 1 and "cannot write --out" in err
+
+
+def test_watch_and_alerts_share_the_threshold_flags() -> None:
+    """One declaration (cli/_health_flags.py): the same flags reach ``HealthThresholds`` in
+    both commands; ``--stale-seconds`` is ``watch``'s alone (no rule uses it)."""
+    from fleetscope.cli import build_parser
+    from fleetscope.cli._health_flags import health_thresholds
+    from fleetscope.health import HealthThresholds
+
+    parser = build_parser()
+    flags = ["--stall-seconds", "12", "--kv-full", "0.8", "--preemption-burst", "3"]
+    watch = parser.parse_args(["watch", "http://127.0.0.1:1", *flags, "--stale-seconds", "7"])
+    alerts = parser.parse_args(["alerts", *flags])
+    for args, stale in ((watch, 7.0), (alerts, HealthThresholds().stale_seconds)):
+        t = health_thresholds(args)
+        assert (t.stall_seconds, t.kv_full, t.preemption_burst) == (12.0, 0.8, 3.0)
+        assert t.stale_seconds == stale
+    with pytest.raises(SystemExit):
+        parser.parse_args(["alerts", "--stale-seconds", "7"])

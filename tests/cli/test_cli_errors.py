@@ -92,6 +92,10 @@ def assert_failure(proc: subprocess.CompletedProcess[str], *words: str) -> None:
         (["watch", NOWHERE, "--duration", "0"], ["--duration", "positive"]),
         (["watch", NOWHERE, "--interval", "nan"], ["--interval", "positive"]),
         (["watch", NOWHERE, "--interval", "soon"], ["--interval", "expected a number"]),
+        # the health thresholds: the same flags and checks as `alerts` (cli/_health_flags.py)
+        (["watch", NOWHERE, "--stall-seconds", "-5"], ["--stall-seconds", "positive", "'-5'"]),
+        (["watch", NOWHERE, "--kv-full", "1.5"], ["--kv-full", "at most 1"]),
+        (["watch", NOWHERE, "--outlier-fraction", "0"], ["--outlier-fraction", "positive"]),
         (["inspect", str(LOAD), str(AFTER), "--interval", "-10"], ["--interval", "positive"]),
         (["inspect", str(LOAD), str(AFTER), "--interval", "0"], ["--interval", "positive"]),
         (["inspect", NOWHERE, NOWHERE, "--timeout", "0"], ["--timeout", "positive"]),

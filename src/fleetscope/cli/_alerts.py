@@ -6,11 +6,11 @@ import argparse
 from typing import TYPE_CHECKING
 
 from fleetscope.cli._common import add_usage_check, positive_float, write_out
+from fleetscope.cli._health_flags import add_health_flags, health_thresholds
 
 if TYPE_CHECKING:
     from fleetscope.cli._common import Subcommands
     from fleetscope.dashboards.alerts import AlertOptions, Slo
-    from fleetscope.health import HealthThresholds
 
 ENGINES = {"vllm": ("vllm",), "sglang": ("sglang",), "both": ("vllm", "sglang")}
 
@@ -25,14 +25,6 @@ def slo_spec(text: str) -> Slo:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def fraction(text: str) -> float:
-    """argparse ``type=`` for a share: a number above 0 and at most 1."""
-    value = positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be at most 1, not {text!r}")
-    return value
-
-
 def key_value(text: str) -> tuple[str, str]:
     """argparse ``type=`` for ``KEY=VALUE``."""
     key, sep, value = text.partition("=")
@@ -44,7 +36,6 @@ def key_value(text: str) -> tuple[str, str]:
 def alert_options(args: argparse.Namespace) -> AlertOptions:
     """The options the flags say (``RuleError`` for ones the rules cannot honour)."""
     from fleetscope.dashboards.alerts import DEFAULT_VERSIONS, AlertOptions, RuleError
-    from fleetscope.health import HealthThresholds
 
     engines = ENGINES[args.engines]
     versions = {e: DEFAULT_VERSIONS[e] for e in engines}
@@ -52,18 +43,8 @@ def alert_options(args: argparse.Namespace) -> AlertOptions:
         if engine not in engines:
             raise RuleError(f"--engine-version {engine}={version}: --engines is {args.engines}")
         versions[engine] = version
-    thresholds = HealthThresholds(
-        stall_seconds=args.stall_seconds,
-        outlier_seconds=args.outlier_seconds,
-        paused_seconds=args.paused_seconds,
-        kv_full=args.kv_full,
-        kv_seconds=args.kv_seconds,
-        queue_seconds=args.queue_seconds,
-        preemption_burst=args.preemption_burst,
-        outlier_fraction=args.outlier_fraction,
-    )
     return AlertOptions(
-        thresholds=thresholds,
+        thresholds=health_thresholds(args),
         versions=versions,
         scrape_interval=args.scrape_interval,
         rate_window=args.rate_window,
@@ -102,7 +83,6 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def add_alerts_parser(sub: Subcommands) -> None:
-    from fleetscope.health import HealthThresholds
 
     a = sub.add_parser(
         "alerts",
@@ -162,7 +142,7 @@ def add_alerts_parser(sub: Subcommands) -> None:
         help="an objective such as ttft:0.99<2.5s (SLI: ttft, itl, tpot, e2e; the threshold "
         "must be a bucket bound of every engine); repeat",
     )
-    _add_thresholds(a, HealthThresholds())
+    add_health_flags(a, stale=False)
     a.add_argument("--name", default="fleetscope", help="prometheusrule: metadata.name")
     a.add_argument("--namespace", default=None, help="prometheusrule: metadata.namespace")
     a.add_argument(
@@ -174,36 +154,3 @@ def add_alerts_parser(sub: Subcommands) -> None:
     )
     add_usage_check(a, _usage_problem)
     a.set_defaults(func=cmd_alerts)
-
-
-def _add_thresholds(a: argparse.ArgumentParser, d: HealthThresholds) -> None:
-    seconds = (
-        ("--stall-seconds", d.stall_seconds, "requests running and no token for this long"),
-        ("--outlier-seconds", d.outlier_seconds, "far below its role's median this long"),
-        ("--paused-seconds", d.paused_seconds, "asleep this long"),
-        ("--kv-seconds", d.kv_seconds, "KV cache at or above --kv-full this long"),
-        ("--queue-seconds", d.queue_seconds, "waiting queue growing this long"),
-    )
-    for flag, default, what in seconds:
-        a.add_argument(
-            flag, type=positive_float, default=default, help=f"health: {what} (%(default)s)"
-        )
-    a.add_argument(
-        "--kv-full",
-        type=fraction,
-        default=d.kv_full,
-        help="health: KV usage share that is near full (%(default)s)",
-    )
-    a.add_argument(
-        "--preemption-burst",
-        type=positive_float,
-        default=d.preemption_burst,
-        help="health: preemptions between two scrapes that are a burst (%(default)s)",
-    )
-    a.add_argument(
-        "--outlier-fraction",
-        type=fraction,
-        default=d.outlier_fraction,
-        help="health: share of its role's median token rate below which an engine is an "
-        "outlier (%(default)s)",
-    )

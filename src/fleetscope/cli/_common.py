@@ -33,6 +33,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """argparse ``type=`` for a share: a number above 0 and at most 1."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be at most 1, not {text!r}")
+    return value
+
+
 def add_usage_check(parser: argparse.ArgumentParser, check: UsageCheck) -> None:
     """Run ``check`` on the options ``parser`` parsed (``main`` calls ``args.usage_check``):
     a problem it returns is a usage error of ``parser`` (its usage line and the problem on

@@ -25,11 +25,11 @@ from fleetscope.cli._endpoints_file import (
     parse_endpoints_text,
     read_stable_text,
 )
+from fleetscope.cli._health_flags import add_health_flags, health_thresholds
 
 if TYPE_CHECKING:
     from fleetscope.cli._common import Subcommands
     from fleetscope.collector.core import Collector
-    from fleetscope.health import HealthThresholds
     from fleetscope.sources.http.source import Endpoint
 
 
@@ -55,24 +55,12 @@ def endpoints_from_args(args: argparse.Namespace) -> list[Endpoint]:
     return eps
 
 
-def _health_thresholds(args: argparse.Namespace) -> HealthThresholds:
-    """The health thresholds the ``watch`` flags set (the others keep their defaults)."""
-    from fleetscope.health import HealthThresholds
-
-    return HealthThresholds(
-        stall_seconds=args.stall_seconds,
-        outlier_seconds=args.outlier_seconds,
-        stale_seconds=args.stale_seconds,
-        paused_seconds=args.paused_seconds,
-    )
-
-
 def _collector(args: argparse.Namespace, endpoints: Sequence[Endpoint], sinks: Any) -> Collector:
     """The collector the ``watch`` flags describe: the endpoints over HTTP, or the engines of a
     multiprocess directory (``--multiproc-dir``); the policy version file followed."""
     from fleetscope.collector.core import Collector
 
-    options: dict[str, Any] = dict(sinks=sinks, health_thresholds=_health_thresholds(args))
+    options: dict[str, Any] = dict(sinks=sinks, health_thresholds=health_thresholds(args))
     options.update(interval=args.interval, timeout=args.timeout, schema=args.schema)
     if args.multiproc_dir:
         from fleetscope.sources.multiproc import MultiprocessSource
@@ -175,9 +163,6 @@ async def watch_once(args: argparse.Namespace, endpoints: Sequence[Endpoint]) ->
 
 def add_watch_parser(sub: Subcommands) -> None:
     """``watch``."""
-    from fleetscope.health import HealthThresholds
-
-    health_defaults = HealthThresholds()
     w = sub.add_parser(
         "watch",
         help="watch a fleet: live view, W&B, JSONL",
@@ -222,32 +207,7 @@ def add_watch_parser(sub: Subcommands) -> None:
     )
     w.add_argument("--interval", type=positive_float, default=5.0, help="seconds between polls (5)")
     w.add_argument("--timeout", type=positive_float, default=5.0, help="per-scrape timeout (5)")
-    w.add_argument(
-        "--stall-seconds",
-        type=float,
-        default=health_defaults.stall_seconds,
-        help="health: requests running and no token for this long is a stall (%(default)s)",
-    )
-    w.add_argument(
-        "--outlier-seconds",
-        type=float,
-        default=health_defaults.outlier_seconds,
-        help="health: this long far below its role's median token rate (%(default)s)",
-    )
-    w.add_argument(
-        "--stale-seconds",
-        type=float,
-        default=health_defaults.stale_seconds,
-        help="health: a server still on an older policy version this long after the trainer "
-        "announced a newer one is stale_version (%(default)s)",
-    )
-    w.add_argument(
-        "--paused-seconds",
-        type=float,
-        default=health_defaults.paused_seconds,
-        help="health: an engine paused or asleep this long while no weight sync is open is "
-        "engine_paused (%(default)s)",
-    )
+    add_health_flags(w, stale=True)
     w.add_argument(
         "--duration", type=positive_float, default=None, help="stop after this many seconds"
     )
