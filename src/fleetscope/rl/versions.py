@@ -25,7 +25,6 @@ Pure bookkeeping plus the probe's I/O; every method is thread-safe.
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,30 +33,24 @@ from typing import Any
 
 import httpx
 
-from fleetscope import catalog
 from fleetscope.health import HealthEvent
+from fleetscope.rl.engine_deltas import generation_delta
 from fleetscope.rl.probe import WEIGHT_INFO_BYTES, ProbeState, RouteProbe
 from fleetscope.rl.spans import RL, LabelSpan, PollVersions
 from fleetscope.rl.spans import TokenSums as _Sums
 from fleetscope.rl.spans import share_keys as _share_keys
 from fleetscope.rl.spans import token_keys as _token_keys
-from fleetscope.stats.deltas import EngineDelta
 from fleetscope.stats.reduce import EngineInput
 
 __all__ = [
-    "GENERATION_FAMILY",
     "WEIGHT_INFO_BYTES",
     "WEIGHT_INFO_DEADLINE",
     "WEIGHT_INFO_ROUTE",
     "PolicyVersions",
-    "generation_delta",
-    "operation_deltas",
 ]
 
 WEIGHT_INFO_ROUTE = "/weight_info"
 WEIGHT_INFO_DEADLINE = 2.0
-GENERATION_FAMILY = "vllm:" + catalog.GENERATION_TOKENS.removesuffix("_total")
-RL_OPERATION_FAMILY = catalog.RL_OPERATIONS
 
 
 def _weight_version(info: Any) -> str:
@@ -65,38 +58,6 @@ def _weight_version(info: Any) -> str:
     if not isinstance(version, str):
         raise ValueError("no weight_version in the answer")
     return version
-
-
-# ----------------------------------------------------------------------------- deltas
-
-
-def generation_delta(d: EngineDelta) -> float:
-    """Generated tokens of one engine in one interval (exact; 0 for a baseline)."""
-    if d.baseline_only:
-        return 0.0
-    total = 0.0
-    for c in d.layout.counters:
-        if c.name == GENERATION_FAMILY:
-            v = float(d.delta[c.slot])
-            if not math.isnan(v):
-                total += v
-    return total
-
-
-def operation_deltas(d: EngineDelta) -> dict[str, tuple[float, float]]:
-    """Per ``operation``: the increase of the RL weight-update histogram's (_sum, _count)."""
-    out: dict[str, tuple[float, float]] = {}
-    if d.baseline_only:
-        return out
-    for h in d.layout.histograms:
-        if h.name != RL_OPERATION_FAMILY:
-            continue
-        op = dict(h.labels).get("operation", "")
-        s = float(d.delta[h.sum]) if h.sum >= 0 else math.nan
-        n = float(d.delta[h.count]) if h.count >= 0 else math.nan
-        ps, pn = out.get(op, (0.0, 0.0))
-        out[op] = (ps + (0.0 if math.isnan(s) else s), pn + (0.0 if math.isnan(n) else n))
-    return out
 
 
 def _endpoint_of(engine_id: str) -> str:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
+from fleetscope.rl.engine_deltas import generation_delta, operation_deltas
 from fleetscope.rl.spans import RL
-from fleetscope.rl.versions import generation_delta, operation_deltas
 from fleetscope.stats.reduce import EngineInput
 
 _TOKENS = itertools.count(1)
