@@ -126,7 +126,8 @@ async def test_a_failed_scrape_in_between_is_evidence_only_without_a_start_time(
     assert len(engines) == 2
     assert all(d.continuity_unknown is doubted for d in engines)
     assert (float(summary[COVERAGE]) < 1.0) is doubted
-    assert ("failed scrapes since its last success (HTTP 503)" in caplog.text) is doubted
+    why = "was not there to answer a scrape since its last success (HTTP 503)"
+    assert (why in caplog.text) is doubted
 
 
 async def test_a_restart_seen_on_one_engine_of_a_dp_server_doubts_the_others(
@@ -150,4 +151,4 @@ async def test_a_restart_seen_on_one_engine_of_a_dp_server_doubts_the_others(
     assert deltas["1"].continuity_unknown and not deltas["1"].restarted
     assert deltas["1"].observed_seconds == 0.0
     assert float(summary[COVERAGE]) < 1.0
-    assert "another of its rows restarted" in caplog.text
+    assert "showed a restart on another of its rows" in caplog.text

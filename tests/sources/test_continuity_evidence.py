@@ -9,9 +9,11 @@ from fleetscope.sources.http.continuity import DROP_MARGIN, ContinuityEvidence, 
 def test_a_failure_since_the_last_success_is_a_doubt_once() -> None:
     ev = ContinuityEvidence()
     assert ev.succeeded("a") == ""
-    ev.failed("a", "timed out after 5 s")
+    ev.failed("a", "connection refused")
     ev.failed("a", "HTTP 503")  # the first failure names the gap
-    assert ev.succeeded("a") == "failed scrapes since its last success (timed out after 5 s)"
+    assert ev.succeeded("a") == (
+        "was not there to answer a scrape since its last success (connection refused)"
+    )
     assert ev.succeeded("a") == ""  # settled by that success
     ev.failed("b", "connection refused")
     assert ev.succeeded("a") == ""  # per endpoint

@@ -185,7 +185,7 @@ class FleetState:
                     "baseline was dropped (no delta this poll)",
                 )
             if unknown:
-                why = sc.continuity_doubt or "another of its rows restarted"
+                why = sc.continuity_doubt or "showed a restart on another of its rows"
                 self._warner.warn(
                     f"continuity:{eid}",
                     f"{eid} shows no start time and {sc.endpoint} {why}: a restart cannot be "

@@ -208,7 +208,7 @@ class PrometheusSource:
         samples, up, scraped_at, up_roles, min_up = answer
         for inst, low in min_up.items():
             if low < 1.0:
-                self._down.setdefault(inst, "Prometheus saw it down since the last poll")
+                self._down.setdefault(inst, "was down at a Prometheus scrape since the last poll")
         latency = time.monotonic() - t0
         by_instance: dict[str, list[dict[str, Any]]] = {}
         roles: dict[str, Role | None] = dict(up_roles)
@@ -304,7 +304,7 @@ class PrometheusSource:
             if up.get(inst, 1.0) != 1.0 or inst not in by_instance:
                 why = "target down" if up.get(inst, 1.0) != 1.0 else "no matching series"
                 if why == "target down":
-                    self._down.setdefault(inst, "Prometheus saw it down at an earlier poll")
+                    self._down.setdefault(inst, "was down at an earlier poll (Prometheus' up)")
                 if why != "target down":
                     self._warner.warn(
                         f"{inst}:empty",

@@ -52,7 +52,7 @@ class ContinuityEvidence:
         if kept_idle is not None and (kept is None or kept_idle > kept):
             self._kept[endpoint] = kept_idle
         if failed is not None:
-            return f"failed scrapes since its last success ({failed})"
+            return f"was not there to answer a scrape since its last success ({failed})"
         if kept is not None and dropped_idle is not None and early(dropped_idle, kept):
             return (
                 f"closed our connection after {dropped_idle:.3g} s idle (it had answered on "
