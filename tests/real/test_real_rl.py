@@ -12,7 +12,7 @@ import pytest
 
 from fleetscope.collector.core import FleetView
 from fleetscope.identity import EngineId
-from fleetscope.rl.versions import generation_delta
+from fleetscope.rl.engine_deltas import generation_delta
 from fleetscope.sinks.terminal import window_lines
 from real import bodies as B
 from real.rl_scenario import ROLES, VERSIONS, WINDOW, Call, RLRun
