@@ -22,12 +22,14 @@ bookkeeping: the wire client measures the idle times (``sources/http/wire.py``).
 
 from __future__ import annotations
 
-__all__ = ["DROP_MARGIN", "ContinuityEvidence"]
+__all__ = ["DROP_MARGIN", "DROP_SHARE", "ContinuityEvidence", "early"]
 
-# an early close must beat the longest idle the server allowed by this margin (seconds, plus
-# 10 % of that idle): the server's idle timer starts when it sent the response, ours when we
-# read it, and both clocks tick on busy machines
+# an early close must beat the longest idle the server allowed by this margin: seconds, plus
+# DROP_SHARE of that idle. The server's idle timer starts when it sent the response, ours when
+# our loop read it: a loop busy for a while (a trainer's) starts ours late, and polls about as
+# far apart as the server's idle timeout (5 s against vLLM's 5 s) must not read as a restart
 DROP_MARGIN = 0.1
+DROP_SHARE = 0.25
 
 
 class ContinuityEvidence:
@@ -68,4 +70,4 @@ class ContinuityEvidence:
 def early(closed_after: float, longest_kept: float) -> bool:
     """Whether a server that answered on a connection idle ``longest_kept`` seconds closed one
     after ``closed_after`` for a reason other than idleness."""
-    return closed_after + DROP_MARGIN + 0.1 * longest_kept < longest_kept
+    return closed_after + DROP_MARGIN + DROP_SHARE * longest_kept < longest_kept
