@@ -56,6 +56,7 @@ class PollPipeline:
         self.engine_time = PhaseClassifier(config.health_thresholds.kv_full)
         self._info: dict[str, EndpointInfo] = {}
         self._answered: set[str] = set()  # endpoints that answered at least once
+        self._last_attempt: dict[str, float] = {}  # endpoint -> its latest scrape's time
         self._last_shown: float | None = None  # scrape time of the last row that showed rates
         self._warner = RateLimitedWarner(log, prefix="fleetscope: ")
         # endpoint -> (engine kind, server version) as the source reported them (run summary)
@@ -146,15 +147,18 @@ class PollPipeline:
                 max_model_len=max_model_len or {},
             )
 
-    def _unseen(self, scrapes: list[ScrapeResult]) -> list[str]:
-        """Endpoints this poll tried that never answered (one just added is not counted: the
-        interval before its first try was not its own)."""
+    def _unseen(self, scrapes: list[ScrapeResult]) -> dict[str, float]:
+        """Endpoints this poll tried that never answered, each with the seconds since its
+        previous attempt: an engine's interval is between its own scrapes, and so is this (one
+        just added is not counted: the interval before its first try was not its own)."""
         self._answered.update(s.endpoint for s in scrapes if s.ok)
-        return [
-            s.endpoint
-            for s in scrapes
-            if not s.ok and not s.joined and s.endpoint not in self._answered
-        ]
+        out: dict[str, float] = {}
+        for s in scrapes:
+            before = self._last_attempt.get(s.endpoint)
+            self._last_attempt[s.endpoint] = s.time
+            if not s.ok and not s.joined and s.endpoint not in self._answered:
+                out[s.endpoint] = 0.0 if before is None else max(0.0, s.time - before)
+        return out
 
     def _first_answers(
         self, scrapes: list[ScrapeResult], inputs: Iterable[EngineInput]
@@ -191,6 +195,7 @@ class PollPipeline:
                 self.health.forget_endpoint(d.endpoint)
                 self.versions.forget_endpoint(d.endpoint)
                 self.states.forget_endpoint(d.endpoint)
+                self._last_attempt.pop(d.endpoint, None)
                 log.info("fleetscope: %s removed from the fleet", d.endpoint)
             if d.engine is not None:
                 last = self.state.baselines.last(d.engine)

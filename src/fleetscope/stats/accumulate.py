@@ -19,7 +19,7 @@ Pure bookkeeping: the collector supplies the clock readings and the polls.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,18 +79,18 @@ class Accumulator:
         inputs: Iterable[EngineInput],
         *,
         failed_scrapes: int = 0,
-        unseen: Collection[str] = (),
-        elapsed: float = 0.0,
+        unseen: Mapping[str, float] | None = None,
         phases: Sequence[tuple[int, float, float] | None] | None = None,
     ) -> None:
-        """One poll's deltas; ``unseen`` endpoints of the fleet never answered, for the
-        ``elapsed`` seconds since the previous poll; ``phases``: each input's class
-        (:mod:`fleetscope.stats.breakdown`), summed where its delta is."""
+        """One poll's deltas; ``unseen``: endpoints of the fleet that never answered, each with
+        the seconds since its previous attempt (measured like an engine's interval, between its
+        own scrape times); ``phases``: each input's class (:mod:`fleetscope.stats.breakdown`),
+        summed where its delta is."""
         self.polls += 1
         self.failed_scrapes += failed_scrapes
-        for endpoint in unseen:
+        for endpoint, seconds in (unseen or {}).items():
             silent = self.unseen_pending.get(endpoint, 0.0)
-            self.unseen_pending[endpoint] = silent + max(0.0, elapsed)
+            self.unseen_pending[endpoint] = silent + max(0.0, seconds)
         inputs = list(inputs)
         if inputs:
             self._last_present = {inp.engine_id for inp in inputs}

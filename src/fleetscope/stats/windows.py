@@ -173,11 +173,12 @@ class WindowSet:
         *,
         now: float,
         failed_scrapes: int = 0,
-        unseen: Collection[str] = (),
+        unseen: Mapping[str, float] | None = None,
         phases: Sequence[tuple[int, float, float] | None] | None = None,
     ) -> None:
         """Give one poll's deltas to every active window (or to ``idle``) and to the run;
-        ``unseen``: endpoints tried this poll that never answered (docs/bad-data.md §7);
+        ``unseen``: endpoints tried this poll that never answered, with the seconds since
+        their previous attempt (docs/bad-data.md §7);
         ``phases``: each input's class (:mod:`fleetscope.stats.breakdown`)."""
         prev = self.last_attributed_time
         self.last_attributed_time = now
@@ -191,9 +192,7 @@ class WindowSet:
         elapsed = 0.0 if prev is None else max(0.0, now - prev)
 
         def add(acc: Accumulator) -> None:
-            acc.add(
-                inputs, failed_scrapes=failed_scrapes, unseen=unseen, elapsed=elapsed, phases=phases
-            )
+            acc.add(inputs, failed_scrapes=failed_scrapes, unseen=unseen, phases=phases)
 
         add(self.run[COMBINED])
         self.run[COMBINED].add_seconds(elapsed)
