@@ -445,3 +445,18 @@ async def _in_child(fleet: SimFleet, eps: list[Endpoint], caplog: pytest.LogCapt
     finally:
         await _stop(*cols.values())
     assert _child_shards() == []  # the child's shards are gone with it
+
+
+def test_a_shards_clock_offset_is_estimated_from_the_round_trip() -> None:
+    """NTP's estimate: with the call and its reply each delayed 1.5 s (a loaded machine), the
+    offset is exact; the reply's arrival alone put every time of that shard 1.5 s into the
+    driver's future (an engine failing at a window's stop was then expected for no time)."""
+    from fleetscope.collector.sharded.source import clock_offset
+
+    true_offset = 100.0  # driver clock - shard clock
+    sent = 50.0
+    received = sent + 1.5 - true_offset  # the call took 1.5 s to reach the shard
+    replied = received + 0.4  # the shard scraped for 0.4 s
+    arrived = replied + true_offset + 1.5  # the reply took 1.5 s back
+    assert clock_offset(sent, received, replied, arrived) == true_offset
+    assert clock_offset(sent, None, replied, arrived) == true_offset + 1.5  # a shard without it

@@ -198,7 +198,7 @@ class ShardedSource(Members):
         """What every reply teaches, on time or late: layouts, log records, the offset."""
         if reply["incarnation"] != slot.incarnation:
             slot.incarnation = reply["incarnation"]
-            slot.offset = arrived - reply["now"]
+            slot.offset = clock_offset(slot.sent, reply.get("received"), reply["now"], arrived)
             # earlier incarnations' tokens are never sent again (their layouts stay alive in
             # the baselines that use them)
             ours, keep = f"{slot.index}.", f"{slot.index}.{slot.incarnation}:"
@@ -318,6 +318,17 @@ class ShardedSource(Members):
         return [
             {"shard": s.index, **r} for s, (r, _) in zip(self.pool.live(), replies, strict=True)
         ]
+
+
+def clock_offset(sent: float, received: float | None, replied: float, arrived: float) -> float:
+    """The driver's monotonic clock minus a shard's, from one call (NTP's estimate): sent and
+    arrived on the driver's clock, received and replied on the shard's. Off by half the
+    difference between the two one-way delays at most; ``arrived - replied`` alone was off by
+    the whole reply delay (seconds on a loaded machine: a shard's times then landed in the
+    driver's future, and an engine that failed at a window's stop was expected for no time)."""
+    if received is None or sent <= 0.0:
+        return arrived - replied
+    return ((sent - received) + (arrived - replied)) / 2.0
 
 
 async def _arrival(ref: Any) -> tuple[Any, float]:

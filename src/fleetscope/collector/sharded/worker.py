@@ -152,6 +152,7 @@ class ShardWorker:
         """The fleet changes ``add`` / ``remove``, then one poll's packed scrapes. ``resend``:
         the driver lost a reply (past its deadline), so it may lack layouts that reply carried:
         send every layout again."""
+        received = time.monotonic()  # with "now": the driver's estimate of our clock's offset
         self.change(add, remove)
         scrapes = await self.source.scrape()
         self.source.take_departures()  # the driver reports departures itself
@@ -166,6 +167,7 @@ class ShardWorker:
             "roles": {e.name: e.role for e in self.source.endpoints},
             "max_model_len": dict(self.source.max_model_len),
             "logs": self.relay.take() if self.relay is not None else [],
+            "received": received,
             "now": time.monotonic(),
         }
 
