@@ -156,27 +156,36 @@ async def _scenario(run: RealRun, requests: int, concurrency: int) -> None:
                 stderr=asyncio.subprocess.PIPE,
             )
             wait = asyncio.ensure_future(proc.communicate())
-            # the body "under load" (the most engines busy, then the most requests running),
+            # the body "under load" (the most engines busy, then the most requests running,
+            # then one taken mid-load: generation under way, not yet at the load's end),
             # sampled every 0.25 s; fleetscope polls about every second meanwhile
-            best: dict[str, tuple[int, float]] = {}
+            gen = "vllm:generation_tokens_total"
+            taken: dict[str, list[tuple[tuple[int, float], float, str, str]]] = {}
 
             async def sample(name: str, url: str) -> None:
                 while not wait.done():
                     text, ctype = await _get(http, url, ACCEPT)
                     per_engine = B.by_engine(text, "vllm:num_requests_running")
                     busy = (sum(v > 0 for v in per_engine.values()), sum(per_engine.values()))
-                    if busy > best.get(name, (-1, -1.0)):
-                        best[name] = busy
-                        run.bodies[(name, "load")] = text
-                        run.content_types[(name, "load")] = ctype
+                    taken.setdefault(name, []).append((busy, B.total(text, gen), text, ctype))
                     run.load_samples += 1
                     await asyncio.wait([wait], timeout=0.25)
+
+            def keep_load_bodies() -> None:
+                for name, samples in taken.items():
+                    idle, last = B.total(run.bodies[(name, "idle")], gen), samples[-1][1]
+                    _busy, _gen, text, ctype = max(
+                        samples, key=lambda s: (s[0], idle < s[1] < last)
+                    )
+                    run.bodies[(name, "load")] = text
+                    run.content_types[(name, "load")] = ctype
 
             samplers = [asyncio.ensure_future(sample(n, u)) for n, u in run.urls.items()]
             while not wait.done():
                 run.record(await collector.poll())
                 await asyncio.wait([wait], timeout=1.0)
             await asyncio.gather(*samplers)
+            keep_load_bodies()
             _, err = wait.result()
             run.timings["load"] = clock() - t0
             if proc.returncode != 0 or not load_json.exists():
