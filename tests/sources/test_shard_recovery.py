@@ -27,7 +27,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -64,6 +64,8 @@ LAYOUT: list[tuple[Role | None, int]] = [
 ]
 GEN = "generation_tokens_total/delta"
 # explicit roles, no side requests: nothing to discover before the figures agree
+# a test's body: the fleet, its endpoints, the captured log
+Scenario = Callable[[SimFleet, list[Endpoint], pytest.LogCaptureFixture], Coroutine[Any, Any, None]]
 OPTS: dict[str, Any] = {
     "interval": 3600.0,
     "timeout": 30.0,
@@ -120,6 +122,13 @@ def _warned(records: list[Any], shard: int, names: list[str], *words: str) -> st
     raise AssertionError((shard, names, words, fleetscope_warnings(records)))
 
 
+def _on_fleet(seed: int, scenario: Scenario, caplog: pytest.LogCaptureFixture) -> None:
+    """``scenario`` on a fresh simulated fleet served on loopback ports."""
+    fleet = _fleet(seed)
+    with FleetServer(fleet) as server:
+        asyncio.run(scenario(fleet, _endpoints(fleet, server), caplog))
+
+
 async def _settled(fleet: SimFleet, cols: dict[str, Collector]) -> dict[str, FleetView]:
     """Two more steps, each polled by every collector: the second row's deltas span the same
     interval for all (the first spans what each missed, or held at a boundary, since)."""
@@ -135,10 +144,7 @@ async def _settled(fleet: SimFleet, cols: dict[str, Collector]) -> dict[str, Fle
 def test_a_killed_shard_is_warned_restarted_and_reports_again(
     ray_cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fleet = _fleet(seed=21)
-    with FleetServer(fleet) as server:
-        eps = _endpoints(fleet, server)
-        asyncio.run(_kill_and_restart(fleet, eps, caplog))
+    _on_fleet(21, _kill_and_restart, caplog)
 
 
 async def _kill_and_restart(
@@ -198,10 +204,7 @@ async def _kill_and_restart(
 def test_a_shard_with_no_restarts_left_hands_its_endpoints_to_the_live_shard(
     ray_cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fleet = _fleet(seed=22)
-    with FleetServer(fleet) as server:
-        eps = _endpoints(fleet, server)
-        asyncio.run(_kill_for_good(fleet, eps, caplog))
+    _on_fleet(22, _kill_for_good, caplog)
 
 
 async def _kill_for_good(
@@ -249,10 +252,7 @@ async def _kill_for_good(
 def test_a_hung_shard_never_holds_a_poll_past_its_deadline(
     ray_cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fleet = _fleet(seed=23)
-    with FleetServer(fleet) as server:
-        eps = _endpoints(fleet, server)
-        asyncio.run(_hang(fleet, eps, caplog))
+    _on_fleet(23, _hang, caplog)
 
 
 async def _hang(fleet: SimFleet, eps: list[Endpoint], caplog: pytest.LogCaptureFixture) -> None:
@@ -303,10 +303,7 @@ async def _hang(fleet: SimFleet, eps: list[Endpoint], caplog: pytest.LogCaptureF
 def test_a_shards_warnings_reach_the_drivers_logging(
     ray_cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fleet = _fleet(seed=24)
-    with FleetServer(fleet) as server:
-        eps = _endpoints(fleet, server)
-        asyncio.run(_relay(fleet, eps, caplog))
+    _on_fleet(24, _relay, caplog)
 
 
 async def _relay(fleet: SimFleet, eps: list[Endpoint], caplog: pytest.LogCaptureFixture) -> None:
@@ -402,10 +399,7 @@ async def _two_nodes(
 def test_sharding_composes_with_the_isolation_child(
     ray_cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fleet = _fleet(seed=26)
-    with FleetServer(fleet) as server:
-        eps = _endpoints(fleet, server)
-        asyncio.run(_in_child(fleet, eps, caplog))
+    _on_fleet(26, _in_child, caplog)
 
 
 def _child_shards() -> list[tuple[str, str]]:
