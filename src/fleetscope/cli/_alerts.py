@@ -83,7 +83,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def add_alerts_parser(sub: Subcommands) -> None:
-
+    """``alerts``."""
     a = sub.add_parser(
         "alerts",
         usage="%(prog)s [options]",
