@@ -246,7 +246,6 @@ class PrometheusSource:
             self._query(stamp_expr, at),
             self._query(min_expr, at) if min_expr else _nothing(),
         )
-        self._last_at = at
         samples = self._valid_samples(await self._query(self._selector(), at))
         after = self._vector(stamp_expr, await self._query(stamp_expr, at))
         if self._unknown_families(samples):
@@ -265,6 +264,7 @@ class PrometheusSource:
             if r in ("prefill", "decode"):
                 roles[str(m.get("instance", ""))] = r  # type: ignore[union-attr]
         min_up = self._vector(min_expr, lows) if min_expr else {}
+        self._last_at = at  # only once the poll's answers are in: a failed poll checks nothing
         return samples, self._vector(up_expr, ups), scraped_at, roles, min_up
 
     def _valid_samples(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
